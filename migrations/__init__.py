@@ -1,0 +1,1 @@
+"""Alembic migrations of the pipeline database (``alembic upgrade head``)."""

@@ -1,0 +1,1 @@
+"""padellm-ner: named-entity recognition by parallel decoding of LLMs."""

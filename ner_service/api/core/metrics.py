@@ -1,0 +1,82 @@
+"""Prometheus metrics: requests by route and status, latency, engine batch sizes and tokens per forward pass."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ner_service.engine import Extraction
+
+UNMATCHED_ROUTE = "unmatched"
+
+
+class Metrics:
+    """The app's metrics, in a registry of its own (so that several apps can live in one process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "padellm_http_requests_total", "HTTP requests by route, method and status", ["route", "method", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "padellm_http_request_duration_seconds", "HTTP request latency by route", ["route"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.batch_texts = Histogram(
+            "padellm_engine_batch_texts", "Texts per engine.extract call", registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128)
+        )
+        self.tokens_per_forward = Histogram(
+            "padellm_engine_tokens_per_forward", "Generated tokens per forward pass in one engine.extract call",
+            registry=self.registry, buckets=(0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        self.queue_texts = Gauge("padellm_queue_texts", "Texts waiting in or being processed by the micro-batcher", registry=self.registry)
+
+    def observe_batch(self, texts: int, results: list[Extraction]) -> None:
+        """Record one ``engine.extract`` call of ``texts`` texts (its internal batches share a stats object)."""
+        self.batch_texts.observe(texts)
+        batches = {id(result.stats): result.stats for result in results}
+        for stats in batches.values():
+            if stats.forward_passes:
+                self.tokens_per_forward.observe(stats.generated_tokens / stats.forward_passes)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+def _route_template(scope: Scope) -> str:
+    """The path template of the route that served ``scope`` (bounded label values, not raw paths).
+
+    The router records the matched route in the (shared) scope while dispatching."""
+    route = scope.get("route")
+    return getattr(route, "path", None) or UNMATCHED_ROUTE
+
+
+class MetricsMiddleware:
+    """Count every HTTP request and time it, labelled by route template and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        began = time.perf_counter()
+        status = 500
+
+        async def send_recording(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_recording)
+        finally:
+            route = _route_template(scope)
+            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - began)

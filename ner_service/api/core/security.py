@@ -1,0 +1,101 @@
+"""API keys and a per-caller token-bucket rate limit."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+from fastapi import HTTPException, Request, status
+
+logger = logging.getLogger(__name__)
+
+
+class ApiKeys:
+    """The configured API keys; with none, the API runs in an (explicit, logged) development mode."""
+
+    def __init__(self, keys_csv: str) -> None:
+        self._keys = [key.strip().encode() for key in keys_csv.split(",") if key.strip()]
+        if not self._keys:
+            logger.warning("NER_API_KEYS is empty: development mode, requests are not authenticated (rate limit per client IP)")
+
+    @property
+    def dev_mode(self) -> bool:
+        return not self._keys
+
+    def caller(self, request: Request) -> str:
+        """Who is calling: ``key:<digest prefix>`` for a valid key, ``ip:<address>`` in development mode.
+
+        Raises 401 for a missing or wrong key; keys are compared in constant time."""
+        if self.dev_mode:
+            return f"ip:{request.client.host if request.client else 'unknown'}"
+        presented = _presented_key(request)
+        if presented is None:
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing API key: send it in X-API-Key or Authorization: Bearer",
+                                headers={"WWW-Authenticate": "Bearer"})
+        candidate = presented.encode("utf-8", "surrogateescape")
+        matched = False
+        for key in self._keys:  # no early exit: the time does not tell which key matched
+            matched |= hmac.compare_digest(candidate, key)
+        if not matched:
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
+        return "key:" + hashlib.sha256(candidate).hexdigest()[:16]
+
+
+def _presented_key(request: Request) -> str | None:
+    key = request.headers.get("x-api-key")
+    if key:
+        return key
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class RateLimiter:
+    """A token bucket per caller: ``per_minute`` requests of burst, refilled at ``per_minute / 60`` per second."""
+
+    def __init__(self, per_minute: int) -> None:
+        self.capacity = float(per_minute)
+        self.rate = per_minute / 60.0
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def retry_after(self, caller: str) -> int:
+        """Take one token for ``caller``: 0 when allowed, else the seconds to wait for the next token."""
+        now = time.monotonic()
+        with self._lock:
+            bucket = self._buckets.setdefault(caller, _Bucket(self.capacity, now))
+            bucket.tokens = min(self.capacity, bucket.tokens + (now - bucket.updated) * self.rate)
+            bucket.updated = now
+            if bucket.tokens >= 1.0:
+                bucket.tokens -= 1.0
+                return 0
+            return max(1, math.ceil((1.0 - bucket.tokens) / self.rate)) if self.rate > 0 else 60
+
+
+class Guard:
+    """The FastAPI dependency of the protected routes: authenticate, then rate-limit, the caller."""
+
+    def __init__(self, keys: ApiKeys, limiter: RateLimiter) -> None:
+        self.keys = keys
+        self.limiter = limiter
+
+    def __call__(self, request: Request) -> str:
+        caller = self.keys.caller(request)
+        wait = self.limiter.retry_after(caller)
+        if wait:
+            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, f"rate limit exceeded: retry in {wait} s",
+                                headers={"Retry-After": str(wait)})
+        return caller
+

@@ -1,0 +1,180 @@
+"""The ``padellm-ner`` command line: extract, evaluate, train, models (and the commands of
+the API and the pipeline, registered from their own modules)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from general_decoding import available_decoders
+
+#: Modules that add sub-commands: each defines ``register(subparsers)``.
+COMMAND_MODULES: list[str] = ["pipeline.cli", "ner_service.api.cli"]
+
+
+def _engine(args: argparse.Namespace):
+    import torch
+
+    from ner_service.engine import NEREngine
+
+    return NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+
+
+def _add_engine_options(parser: argparse.ArgumentParser, backend_flag: str = "--backend") -> None:
+    from ner_service.engine import DEFAULT_MODEL, STRATEGIES
+
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
+    parser.add_argument("--decoder", choices=STRATEGIES, default="padellm", help="PaDeLLM or the autoregressive baseline")
+    parser.add_argument(backend_flag, dest="backend", default="greedy", help=f"token decoder: {', '.join(available_decoders())}")
+    parser.add_argument("--labels", default=None, help="comma-separated subset of the model's labels")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+
+
+def _labels(args: argparse.Namespace) -> list[str] | None:
+    return [label.strip() for label in args.labels.split(",") if label.strip()] if args.labels else None
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin]
+    results = engine.extract(texts, labels=_labels(args), decoder=args.decoder, backend=args.backend)
+    payload = [{"text": text, **result.to_dict()} for text, result in zip(texts, results)]
+    print(json.dumps(payload if len(payload) != 1 else payload[0], ensure_ascii=False, indent=2))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from training.data import read_corpus
+    from training.evaluate import evaluate_engine
+
+    examples = read_corpus(args.path)[: args.limit]
+    engine = _engine(args)
+    report = evaluate_engine(engine, examples, decoder=args.decoder, backend=args.backend, batch_size=args.batch_size, labels=_labels(args))
+    report["model"] = engine.name
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        print(f"{engine.name} {args.decoder}/{args.backend}: micro-F1 {report['micro_f1']:.2f} "
+              f"(P {report['precision']:.2f}, R {report['recall']:.2f}) on {report['n_sentences']} texts; "
+              f"latency mean {report['latency_ms']['mean']:.0f} ms per batch of {args.batch_size}")
+        for label, s in report["per_label"].items():
+            print(f"  {label:>10}: P {s['precision']:6.2f}  R {s['recall']:6.2f}  F1 {s['f1']:6.2f}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from training.trainer import TrainConfig, train
+
+    config = TrainConfig(
+        base=args.base, train=args.train, dev=args.dev, output=args.output, name=args.name, language=args.language,
+        labels=_labels(args), formats=args.formats.split(","), full=args.full, lora_r=args.lora_r, lora_alpha=args.lora_alpha, lr=args.lr,
+        epochs=args.epochs, max_steps=args.max_steps, batch_tokens=args.batch_tokens, limit=args.limit,
+        eval_limit=args.eval_limit, eval_batch_size=args.eval_batch_size, seed=args.seed, device=args.device, dtype=args.dtype, resume=args.resume,
+    )
+    summary = train(config)
+    print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second", "history")}, indent=2))
+    return 0
+
+
+def cmd_train_tiny(args: argparse.Namespace) -> int:
+    from training.tiny_model import train_tiny_model
+
+    summary = train_tiny_model(args.train, args.output, dev=args.dev, steps=args.max_steps, seed=args.seed)
+    print(json.dumps(summary["history"], indent=2))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from ner_service.engine.ner_model import NERModelConfig, resolve_ner_model, shipped_model_names
+
+    for name in shipped_model_names():
+        config = NERModelConfig.read(resolve_ner_model(name))
+        f1 = (config.metrics.get("dev") or {}).get("padellm", {}).get("micro_f1")
+        print(f"{name:<16} {config.language}  labels={','.join(config.labels)}  base={config.base}"
+              + (f"  dev_f1={f1:.2f}" if isinstance(f1, float) else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="padellm-ner", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    extract = sub.add_parser("extract", help="print the entities of TEXT (or of each stdin line) as JSON")
+    extract.add_argument("text", nargs="*")
+    _add_engine_options(extract)
+    extract.set_defaults(func=cmd_extract)
+
+    evaluate = sub.add_parser("evaluate", help="span micro-F1 and latency on a corpus file")
+    evaluate.add_argument("path")
+    evaluate.add_argument("--limit", type=int, default=None)
+    evaluate.add_argument("--batch-size", type=int, default=1)
+    evaluate.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_engine_options(evaluate)
+    evaluate.set_defaults(func=cmd_evaluate)
+
+    trainer = sub.add_parser("train", help="fine-tune a causal LM for PaDeLLM-NER (and the AR baseline)")
+    trainer.add_argument("--base", default="smollm2-135m-instruct", help="base model: the alias, a .gguf or a HF folder")
+    trainer.add_argument("--train", required=True)
+    trainer.add_argument("--dev", default=None)
+    trainer.add_argument("--output", required=True)
+    trainer.add_argument("--name", default="padellm-ner")
+    trainer.add_argument("--language", default="en")
+    trainer.add_argument("--labels", default=None)
+    trainer.add_argument("--formats", default="padellm,ar")
+    trainer.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    trainer.add_argument("--lora-r", type=int, default=16)
+    trainer.add_argument("--lora-alpha", type=int, default=32)
+    trainer.add_argument("--lr", type=float, default=8e-4)
+    trainer.add_argument("--epochs", type=float, default=1.0)
+    trainer.add_argument("--max-steps", type=int, default=None)
+    trainer.add_argument("--batch-tokens", type=int, default=2048)
+    trainer.add_argument("--limit", type=int, default=None, help="use the first N training texts")
+    trainer.add_argument("--eval-limit", type=int, default=200, help="dev texts scored after each epoch")
+    trainer.add_argument("--eval-batch-size", type=int, default=16)
+    trainer.add_argument("--seed", type=int, default=0)
+    trainer.add_argument("--device", default="cpu")
+    trainer.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    trainer.add_argument("--resume", action="store_true")
+    trainer.set_defaults(func=cmd_train)
+
+    tiny = sub.add_parser("train-tiny", help="train the tiny from-scratch Llama used by fast tests")
+    tiny.add_argument("--train", required=True)
+    tiny.add_argument("--dev", default=None)
+    tiny.add_argument("--output", required=True)
+    tiny.add_argument("--max-steps", type=int, default=300)
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=cmd_train_tiny)
+
+    models = sub.add_parser("models", help="list the shipped models")
+    models.set_defaults(func=cmd_models)
+
+    for module in COMMAND_MODULES:
+        try:
+            importlib.import_module(module).register(sub)
+        except ModuleNotFoundError as missing:  # an optional extra ([api], [pipeline]) is not installed
+            logging.getLogger(__name__).debug("commands of %s unavailable: %s", module, missing)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ner_service.engine import ModelNotFoundError, UnknownLabelError
+    from general_decoding import UnknownDecoderError
+    from training.data import DataFormatError
+
+    try:
+        return args.func(args)
+    except (ModelNotFoundError, UnknownLabelError, UnknownDecoderError, DataFormatError, ValueError) as error:
+        print(f"padellm-ner: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""The NER engine and the model it runs."""
+
+from ner_service.engine.engine import STRATEGIES, Extraction, ExtractionStats, NEREngine, UnknownLabelError
+from ner_service.engine.model_loading import ModelNotFoundError
+from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel, NERModelConfig, shipped_model_names
+from ner_service.engine.spans import Entity
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "STRATEGIES",
+    "Entity",
+    "Extraction",
+    "ExtractionStats",
+    "ModelNotFoundError",
+    "NEREngine",
+    "NERModel",
+    "NERModelConfig",
+    "UnknownLabelError",
+    "shipped_model_names",
+]

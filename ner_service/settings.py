@@ -1,0 +1,47 @@
+"""Settings read from the environment: one place for the engine, the API, the workers and k8s.
+
+Each field is read from the environment variable of the same name in upper case
+(``ner_api_keys`` from ``NER_API_KEYS``...).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every setting the service reads."""
+
+    model_config = SettingsConfigDict(env_file=None, extra="ignore")
+
+    # engine
+    ner_model: str = "en-conll03"
+    ner_device: str = "cpu"
+    ner_dtype: str = "float32"
+    # REST API
+    ner_api_keys: str = ""  # comma-separated; empty = development mode without authentication (logged)
+    ner_rate_limit_per_minute: int = 600
+    ner_max_text_chars: int = 20_000
+    ner_max_texts: int = 64
+    ner_request_timeout_s: float = 60.0
+    ner_microbatch: bool = True
+    ner_batch_wait_ms: float = 5.0
+    ner_batch_max_texts: int = 16
+    ner_queue_max: int = 256
+    # pipeline
+    database_url: str = "sqlite:///./padellm_ner.db"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    pipeline_chunk_size: int = 16
+    nightly_cron: str = "0 2 * * *"
+    reprocess_on_model_change: bool = False
+    pipeline_visibility_timeout_s: int = 3600  # unacknowledged chunks are redelivered (and stalled jobs requeued) after this
+    # logging
+    log_level: str = "INFO"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings (cached; tests call ``get_settings.cache_clear()`` after changing the env)."""
+    return Settings()

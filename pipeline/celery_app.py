@@ -1,0 +1,52 @@
+"""The Celery application (``celery -A pipeline.celery_app worker`` / ``beat``): Redis broker and
+result backend from ``REDIS_URL``, late acknowledgement, and the beat schedule (the nightly run
+from ``NIGHTLY_CRON`` and a sweep that requeues stalled jobs)."""
+
+from __future__ import annotations
+
+from celery import Celery
+from celery.schedules import crontab
+
+from ner_service.settings import get_settings
+
+
+def parse_cron(expression: str) -> crontab:
+    """A Celery crontab from a 5-field cron string (minute hour day-of-month month day-of-week)."""
+    fields = expression.split()
+    if len(fields) != 5:
+        raise ValueError(f"NIGHTLY_CRON must have 5 fields (minute hour day-of-month month day-of-week), got {expression!r}")
+    minute, hour, day_of_month, month_of_year, day_of_week = fields
+    return crontab(minute=minute, hour=hour, day_of_month=day_of_month, month_of_year=month_of_year, day_of_week=day_of_week)
+
+
+def create_app() -> Celery:
+    """The Celery app configured from the settings."""
+    settings = get_settings()
+    visibility = settings.pipeline_visibility_timeout_s
+    celery = Celery("padellm_ner", broker=settings.redis_url, backend=settings.redis_url, include=["pipeline.tasks"])
+    celery.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        timezone="UTC",
+        enable_utc=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,  # job state lives in the database
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        # a chunk left unacknowledged by a dead worker is delivered again after `visibility` seconds
+        broker_transport_options={
+            "visibility_timeout": visibility,
+            "unacked_restore_interval": max(1, min(60, visibility // 4)),
+            "unacked_restore_throttle": 1,
+        },
+        beat_schedule={
+            "nightly-pending-documents": {"task": "pipeline.nightly", "schedule": parse_cron(settings.nightly_cron)},
+            "requeue-stalled-jobs": {"task": "pipeline.requeue_stalled", "schedule": max(1.0, visibility / 2)},
+        },
+    )
+    return celery
+
+
+app = create_app()

@@ -1,0 +1,63 @@
+"""Engines, sessions and schema upgrades for the database named by ``DATABASE_URL``
+(SQLite by default, with foreign keys and WAL; PostgreSQL through psycopg 3)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from ner_service.settings import get_settings
+
+MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+
+
+def normalize_url(url: str) -> str:
+    """Use the psycopg 3 driver for plain ``postgresql://`` / ``postgres://`` URLs."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+@lru_cache(maxsize=8)
+def get_engine(url: str | None = None) -> Engine:
+    """The (cached) SQLAlchemy engine for ``url`` (default: ``DATABASE_URL``)."""
+    url = normalize_url(url or get_settings().database_url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def session_factory(url: str | None = None) -> sessionmaker[Session]:
+    """A session factory bound to :func:`get_engine` (``expire_on_commit=False``)."""
+    return sessionmaker(get_engine(url), expire_on_commit=False)
+
+
+def alembic_config(url: str | None = None):
+    """An Alembic config for ``url`` that works from any directory (and from an installed package)."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", normalize_url(url or get_settings().database_url).replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> None:
+    """Run the migrations up to ``revision`` (what ``alembic upgrade head`` does)."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)

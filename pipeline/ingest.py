@@ -1,0 +1,133 @@
+"""Reading documents to ingest: JSONL (``text`` plus optional ``external_id``, ``language``,
+``source``), plain text (one document per line) or CoNLL column files (sentences joined into
+documents at ``-DOCSTART-``). Every problem raises :class:`~training.data.DataFormatError`
+naming the file, the line and the reason, before anything is stored."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from training.data import DOCSTART, DataFormatError, read_conll
+from pipeline.service import NewDocument
+
+FORMATS = ("auto", "jsonl", "text", "conll")
+CONLL_SUFFIXES = {".conll", ".conllu", ".iob", ".iob1", ".bio", ".bmes"}
+TAG_LIKE = re.compile(r"^(O|[BIMES]-\S+)$")
+STRING_FIELDS = ("external_id", "language", "source")
+
+
+def _lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise DataFormatError(path, None, "no such file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataFormatError(path, data[: error.start].count(b"\n") + 1, f"invalid UTF-8 byte 0x{data[error.start]:02x}") from None
+    if not text.strip():
+        raise DataFormatError(path, None, "file is empty")
+    return text.split("\n")
+
+
+def detect_format(path: Path) -> str:
+    """``jsonl`` for .jsonl/.json, ``conll`` for column files (a ``-DOCSTART-`` line, or token
+    lines ending in a tag), else ``text``."""
+    if path.suffix in {".jsonl", ".json"}:
+        return "jsonl"
+    if path.suffix in CONLL_SUFFIXES:
+        return "conll"
+    lines = [line.split() for line in _lines(path)[:200] if line.strip()]
+    if lines and (lines[0][0] == DOCSTART or all(len(f) >= 2 and TAG_LIKE.match(f[-1]) for f in lines)):
+        return "conll"
+    return "text"
+
+
+def _check_text(path: Path, number: int, text: str) -> None:
+    if "\x00" in text:
+        raise DataFormatError(path, number, "text contains NUL characters")
+
+
+def read_jsonl_documents(path: Path, source: str | None, language: str | None) -> list[NewDocument]:
+    """One document per JSON line (blank lines skipped); ``external_id`` values must be unique."""
+    documents, seen = [], {}
+    for number, line in enumerate(_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataFormatError(path, number, f"broken JSON: {error.msg}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise DataFormatError(path, number, 'expected an object with a string "text"')
+        for key in STRING_FIELDS:
+            if record.get(key) is not None and not (isinstance(record[key], str) and record[key]):
+                raise DataFormatError(path, number, f'"{key}" must be a non-empty string')
+        _check_text(path, number, record["text"])
+        external_id = record.get("external_id")
+        if external_id is not None:
+            if external_id in seen:
+                raise DataFormatError(path, number, f"external_id {external_id!r} already used on line {seen[external_id]}")
+            seen[external_id] = number
+        documents.append(NewDocument(record["text"], external_id, record.get("language") or language, record.get("source") or source))
+    if not documents:
+        raise DataFormatError(path, None, "no documents found")
+    return documents
+
+
+def read_text_documents(path: Path, source: str | None, language: str | None) -> list[NewDocument]:
+    """One document per non-blank line."""
+    documents = []
+    for number, line in enumerate(_lines(path), start=1):
+        text = line.rstrip("\r")
+        if text.strip():
+            _check_text(path, number, text)
+            documents.append(NewDocument(text, None, language, source))
+    return documents
+
+
+def read_conll_documents(path: str | Path) -> list[str]:
+    """Texts of a CoNLL column file: its sentences (as :func:`training.data.read_conll` reads
+    them) joined by newlines into one document per ``-DOCSTART-`` section (one per sentence
+    when the file has no ``-DOCSTART-`` lines)."""
+    path = Path(path)
+    sentences = [example.text for example in read_conll(path)]
+    sizes: list[int] = []  # sentences per document
+    in_sentence, has_docstart = False, False
+    for number, line in enumerate(_lines(path), start=1):
+        fields = line.split()
+        if fields and fields[0] == DOCSTART:
+            if in_sentence:
+                raise DataFormatError(path, number, f"{DOCSTART} inside a sentence (expected a blank line before it)")
+            has_docstart = True
+            sizes.append(0)
+        elif fields and not in_sentence:
+            if not sizes or not has_docstart:
+                sizes.append(0)
+            sizes[-1] += 1
+            in_sentence = True
+        elif not fields:
+            in_sentence = False
+    documents, position = [], 0
+    for size in sizes:
+        if size:
+            documents.append("\n".join(sentences[position:position + size]))
+            position += size
+    if position != len(sentences):
+        raise DataFormatError(path, None, f"found {position} sentences in documents but {len(sentences)} in the file")
+    return documents
+
+
+def read_documents(path: str | Path, fmt: str = "auto", source: str | None = None, language: str | None = None) -> list[NewDocument]:
+    """The documents of a file to ingest (``fmt``: one of :data:`FORMATS`); ``source`` defaults to the file name."""
+    path = Path(path)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    source = source or path.name
+    if fmt == "jsonl":
+        return read_jsonl_documents(path, source, language)
+    if fmt == "conll":
+        return [NewDocument(text, None, language, source) for text in read_conll_documents(path)]
+    return read_text_documents(path, source, language)

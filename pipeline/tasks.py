@@ -1,0 +1,111 @@
+"""Celery tasks: process a chunk of a job, the nightly run and the stalled-job sweep. The engine
+is loaded once per worker process (at pool-process start, else on first use)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import redis.exceptions
+import sqlalchemy.exc
+from celery.signals import worker_process_init
+from kombu.exceptions import OperationalError as BrokerError
+
+from ner_service.engine import NEREngine
+from ner_service.settings import get_settings
+from pipeline import service
+from pipeline.celery_app import app
+from pipeline.db import session_factory
+from pipeline.model_version import DEFAULT_DECODER, model_version, model_version_of_path
+from pipeline.models import utcnow
+
+log = logging.getLogger(__name__)
+
+#: Errors worth retrying: the database or Redis is briefly unreachable or locked.
+TRANSIENT = (sqlalchemy.exc.OperationalError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, BrokerError)
+
+_engine: NEREngine | None = None
+
+
+def get_engine() -> NEREngine:
+    """This process's engine for ``NER_MODEL`` (loaded on first call, then cached)."""
+    global _engine
+    if _engine is None:
+        import torch
+
+        settings = get_settings()
+        _engine = NEREngine.load(settings.ner_model, dtype=getattr(torch, settings.ner_dtype), device=settings.ner_device)
+        log.info("loaded %s (%s)", _engine.name, model_version(_engine))
+    return _engine
+
+
+@worker_process_init.connect
+def _load_engine(**_: object) -> None:
+    try:
+        get_engine()
+    except Exception:  # noqa: BLE001 - the first task loads it again and fails its job with the error
+        log.exception("could not load the NER model at worker start")
+
+
+def enqueue_job(job_id: int) -> int:
+    """Send the job's pending documents to the workers in chunks; returns the number of chunks."""
+    with session_factory()() as session:
+        pending = service.pending_document_ids(session, job_id)
+    chunks = service.chunked(pending, get_settings().pipeline_chunk_size)
+    for chunk in chunks:
+        process_chunk.apply_async((job_id, chunk))
+    return len(chunks)
+
+
+@app.task(name="pipeline.process_chunk", bind=True, acks_late=True, reject_on_worker_lost=True,
+          autoretry_for=TRANSIENT, retry_backoff=2, retry_backoff_max=300, retry_jitter=True, max_retries=12)
+def process_chunk(self, job_id: int, document_ids: list[int]) -> dict[str, int]:
+    """Process some documents of a job (idempotent: safe to run again after a crash or redelivery)."""
+    try:
+        engine = get_engine()
+        outcome = service.process_chunk(session_factory(), engine, job_id, document_ids, model_version(engine))
+    except TRANSIENT:
+        raise
+    except service.UnknownJobError:
+        log.warning("job %s no longer exists; chunk dropped", job_id)
+        return {"processed": 0, "failed": 0}
+    except Exception as error:
+        with session_factory().begin() as session:
+            service.fail_job(session, job_id, f"{type(error).__name__}: {error}")
+        raise
+    return {"processed": outcome.processed, "failed": outcome.failed}
+
+
+def start_job(document_ids: list[int], decoder: str = DEFAULT_DECODER) -> int:
+    """Create a job over ``document_ids`` for the configured model and enqueue it."""
+    with session_factory().begin() as session:
+        job_id = service.create_job(session, document_ids, model_version_of_path(get_settings().ner_model), decoder).id
+    enqueue_job(job_id)
+    return job_id
+
+
+@app.task(name="pipeline.nightly", acks_late=True, autoretry_for=TRANSIENT, retry_backoff=2, max_retries=12)
+def nightly() -> int | None:
+    """Start a job over every pending document (and, with ``REPROCESS_ON_MODEL_CHANGE``, every
+    document whose results are for another model version); returns its id."""
+    settings = get_settings()
+    with session_factory()() as session:
+        ids = service.documents_to_run(session, model_version_of_path(settings.ner_model), settings.reprocess_on_model_change)
+    if not ids:
+        log.info("nightly run: nothing to do")
+        return None
+    job_id = start_job(ids)
+    log.info("nightly run: job %s over %d documents", job_id, len(ids))
+    return job_id
+
+
+@app.task(name="pipeline.requeue_stalled", autoretry_for=TRANSIENT, retry_backoff=2, max_retries=3)
+def requeue_stalled() -> list[int]:
+    """Enqueue again the pending documents of jobs without progress for the visibility timeout
+    (e.g. their messages were lost when Redis restarted without persistence)."""
+    cutoff = utcnow() - timedelta(seconds=get_settings().pipeline_visibility_timeout_s)
+    with session_factory().begin() as session:
+        stalled = service.stalled_jobs(session, cutoff)
+    for job_id in stalled:
+        log.warning("job %s stalled; requeueing %d chunks", job_id, enqueue_job(job_id))
+    return stalled

@@ -1,0 +1,65 @@
+"""Micro-batching (concurrent requests share one engine call), its switch, the queue limit and the timeout."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+from fastapi import FastAPI
+
+from ner_service.api.state import ApiState
+
+TEXT = "EU rejects German call to boycott British lamb ."
+
+
+async def _ready(app: FastAPI) -> None:
+    state: ApiState = app.state.api
+    while not state.registry.is_loaded(state.registry.default):
+        await asyncio.sleep(0.02)
+
+
+async def _concurrently(app: FastAPI, bodies: list[dict]) -> list[httpx.Response]:
+    """Send ``bodies`` concurrently over a real HTTP client, inside the app's lifespan."""
+    async with app.router.lifespan_context(app):
+        await _ready(app)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=120) as client:
+            return list(await asyncio.gather(*(client.post("/v1/entities", json=body) for body in bodies)))
+
+
+def test_concurrent_requests_share_one_engine_call(app_factory: Callable[..., FastAPI]) -> None:
+    app = app_factory(ner_batch_wait_ms=2000, ner_batch_max_texts=8)
+    responses = asyncio.run(_concurrently(app, [{"text": f"{TEXT} {i}"} for i in range(8)]))
+    assert [r.status_code for r in responses] == [200] * 8
+    assert {r.json()["results"][0]["stats"]["batch_texts"] for r in responses} == {8}
+
+
+def test_requests_with_different_options_are_not_mixed(app_factory: Callable[..., FastAPI], tiny_engine) -> None:
+    app = app_factory(ner_batch_wait_ms=2000, ner_batch_max_texts=8)
+    bodies = [{"text": TEXT, "labels": ["PER"]}] * 4 + [{"text": TEXT, "labels": ["LOC"], "decoder": "ar"}] * 4
+    responses = asyncio.run(_concurrently(app, bodies))
+    for body, response in zip(bodies, responses):
+        answer = response.json()
+        assert answer["labels"] == body["labels"] and answer["decoder"] == body.get("decoder", "padellm")
+        assert answer["results"][0]["stats"]["batch_texts"] == 4
+        expected = tiny_engine.extract([TEXT], labels=body["labels"], decoder=answer["decoder"])[0]
+        assert answer["results"][0]["entities"] == [e.to_dict() for e in expected.entities]
+
+
+def test_without_microbatching_each_request_runs_alone(app_factory: Callable[..., FastAPI]) -> None:
+    app = app_factory(ner_microbatch=False, ner_batch_wait_ms=2000)
+    responses = asyncio.run(_concurrently(app, [{"text": TEXT}] * 4 + [{"texts": [TEXT, TEXT]}]))
+    assert [r.json()["results"][0]["stats"]["batch_texts"] for r in responses] == [1, 1, 1, 1, 2]
+
+
+def test_a_full_queue_answers_429_with_retry_after(app_factory: Callable[..., FastAPI]) -> None:
+    app = app_factory(ner_queue_max=2, ner_batch_wait_ms=50)
+    first, second = asyncio.run(_concurrently(app, [{"texts": [TEXT, TEXT]}, {"text": TEXT}]))
+    assert first.status_code == 200
+    assert second.status_code == 429 and second.headers["Retry-After"] == "1" and "NER_QUEUE_MAX" in second.json()["detail"]
+
+
+def test_a_request_past_its_timeout_is_504(app_factory: Callable[..., FastAPI]) -> None:
+    app = app_factory(ner_request_timeout_s=0.0)
+    [response] = asyncio.run(_concurrently(app, [{"text": TEXT}]))
+    assert response.status_code == 504 and "NER_REQUEST_TIMEOUT_S" in response.json()["detail"]

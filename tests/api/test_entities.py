@@ -1,0 +1,105 @@
+"""POST /v1/entities and GET /v1/models against the real app on the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ner_service.engine import NEREngine, NERModelConfig, shipped_model_names
+from ner_service.engine.ner_model import resolve_ner_model
+from tests.api.conftest import TINY
+from tests.conftest import SHIPPED_EN
+
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "BRUSSELS 1996-08-22"]
+
+
+def _engine_view(engine: NEREngine, texts: list[str], **options: object) -> list[list[dict]]:
+    return [[e.to_dict() for e in result.entities] for result in engine.extract(texts, **options)]
+
+
+def test_one_text_matches_the_engine(client: TestClient, tiny_engine: NEREngine) -> None:
+    text = TEXTS[0]
+    response = client.post("/v1/entities", json={"text": text})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == TINY and body["decoder"] == "padellm" and body["backend"] == "greedy"
+    assert body["labels"] == tiny_engine.labels
+    [result] = body["results"]
+    assert result["entities"] == _engine_view(tiny_engine, [text])[0]
+    for entity in result["entities"]:
+        assert text[entity["start"]:entity["end"]] == entity["text"]
+    assert result["stats"]["forward_passes"] >= 1 and result["stats"]["batch_texts"] >= 1
+    assert body["elapsed_ms"] > 0
+
+
+@pytest.mark.parametrize("decoder", ["padellm", "ar"])
+def test_several_texts_keep_their_order_and_options(client: TestClient, tiny_engine: NEREngine, decoder: str) -> None:
+    response = client.post("/v1/entities", json={"texts": TEXTS, "labels": ["PER", "LOC"], "decoder": decoder, "backend": "greedy", "model": TINY})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["labels"] == ["LOC", "PER"] and body["decoder"] == decoder
+    assert [r["entities"] for r in body["results"]] == _engine_view(tiny_engine, TEXTS, labels=["LOC", "PER"], decoder=decoder)
+    assert body["results"][2] == {"entities": [], "stats": body["results"][2]["stats"]}  # the empty text
+
+
+def test_request_id_is_honoured_or_generated(client: TestClient) -> None:
+    assert client.get("/healthz", headers={"X-Request-ID": "abc-123"}).headers["X-Request-ID"] == "abc-123"
+    generated = client.get("/healthz").headers["X-Request-ID"]
+    assert len(generated) == 32
+    assert client.get("/healthz", headers={"X-Request-ID": "bad id\twith spaces"}).headers["X-Request-ID"] != "bad id\twith spaces"
+
+
+BAD_REQUESTS = [
+    pytest.param({"content": b""}, 422, "Field required", id="empty body"),
+    pytest.param({"content": b'{"text": '}, 422, "JSON decode error", id="broken JSON"),
+    pytest.param({"content": b'{"text": "caf\xe9"}'}, 400, "parsing the body", id="invalid UTF-8"),
+    pytest.param({"content": b'{"text": "\\ud800x"}'}, 422, "unpaired surrogate", id="lone surrogate"),
+    pytest.param({"json": {"text": 3}}, 422, "valid string", id="text not a string"),
+    pytest.param({"json": {"texts": "one"}}, 422, "valid list", id="texts not a list"),
+    pytest.param({"json": {"texts": [1, 2]}}, 422, "valid string", id="texts of numbers"),
+    pytest.param({"json": ["a"]}, 422, "valid dictionary", id="a list"),
+    pytest.param({"json": {}}, 422, "exactly one", id="neither text nor texts"),
+    pytest.param({"json": {"text": "a", "texts": ["b"]}}, 422, "exactly one", id="both"),
+    pytest.param({"json": {"texts": []}}, 422, "at least 1", id="no texts"),
+    pytest.param({"json": {"text": "a", "labels": []}}, 422, "at least 1", id="empty labels"),
+    pytest.param({"json": {"text": "a", "labels": ["PER", "FOOD"]}}, 422, "unknown label(s) 'FOOD'", id="unknown label"),
+    pytest.param({"json": {"text": "a", "decoder": "beam"}}, 422, "'padellm' or 'ar'", id="unknown decoder"),
+    pytest.param({"json": {"text": "a", "backend": "magic"}}, 422, "unknown backend 'magic'", id="unknown backend"),
+    pytest.param({"json": {"text": "a", "model": "../etc"}}, 422, "unknown model '../etc'", id="unknown model"),
+    pytest.param({"json": {"text": "a", "colour": "red"}}, 422, "Extra inputs", id="unknown field"),
+    pytest.param({"json": {"text": "x" * 101}}, 413, "at most 100", id="text too long"),
+    pytest.param({"json": {"texts": ["a"] * 5}}, 413, "at most 4", id="too many texts"),
+    pytest.param({"content": b'{"text": "' + b"x" * 70_000 + b'"}'}, 413, "Content Too Large", id="body too large"),
+]
+
+
+@pytest.mark.parametrize(("request_kwargs", "status", "message"), BAD_REQUESTS)
+def test_bad_input_gets_a_clear_4xx(make_client, request_kwargs: dict, status: int, message: str) -> None:
+    client = make_client(ready=False, ner_max_text_chars=100, ner_max_texts=4)
+    headers = {"Content-Type": "application/json"}
+    response = client.post("/v1/entities", headers=headers, **request_kwargs)
+    assert response.status_code == status, response.text
+    assert message in response.text
+
+
+def test_models_are_listed_from_their_config(client: TestClient) -> None:
+    body = client.get("/v1/models").json()
+    assert body["default"] == TINY
+    assert [m["name"] for m in body["models"]] == shipped_model_names()
+    for model in body["models"]:
+        config = NERModelConfig.read(resolve_ner_model(model["name"]))
+        assert model["labels"] == config.labels and model["language"] == config.language and model["base"] == config.base
+        assert model["adapter"] == (config.base != ".")
+        assert model["default"] == (model["name"] == TINY)
+        assert model["loaded"] == (model["name"] == TINY)  # listing loads nothing
+
+
+@pytest.mark.slow
+def test_a_real_entity_with_the_english_model(make_client) -> None:
+    if not SHIPPED_EN.is_file():
+        pytest.skip("the shipped en-conll03 model is not in this checkout")
+    client = make_client(ner_request_timeout_s=300.0)
+    response = client.post("/v1/entities", json={"text": "Angela Merkel visited Paris .", "model": "en-conll03"})
+    assert response.status_code == 200, response.text
+    found = {(e["text"], e["label"]) for e in response.json()["results"][0]["entities"]}
+    assert ("Angela Merkel", "PER") in found and ("Paris", "LOC") in found

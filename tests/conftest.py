@@ -1,0 +1,35 @@
+"""Shared fixtures: the data folder, the tiny model and the shipped English model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(os.environ.get("PADELLM_DATA", REPO.parent / "shared" / "data"))
+SHIPPED_EN = REPO / "ner_service" / "shipped_models" / "en-conll03" / "ner_model.json"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not (DATA / "conll2003" / "train.txt").is_file():
+        pytest.skip(f"corpora not found in {DATA} (set PADELLM_DATA)")
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_engine():
+    from ner_service.engine import NEREngine
+
+    return NEREngine.load("tiny-conll03")
+
+
+@pytest.fixture(scope="session")
+def en_engine():
+    if not SHIPPED_EN.is_file():
+        pytest.skip("the shipped en-conll03 model is not in this checkout")
+    from ner_service.engine import NEREngine
+
+    return NEREngine.load("en-conll03")

@@ -1,0 +1,95 @@
+"""The pipeline router mounted on a bare FastAPI app: jobs are stored and their chunks land in
+Redis (db 13); status, entities and bad requests."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+import redis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from pipeline import service
+from pipeline.model_version import model_version_of_path
+from pipeline.models import Document
+
+
+@pytest.fixture
+def client(migrated: str, redis_db13: str) -> TestClient:
+    import pipeline.api
+
+    app = FastAPI()
+    app.include_router(pipeline.api.router)
+    return TestClient(app)
+
+
+def _queued_chunks(url: str) -> list[list]:
+    """The arguments (job id, document ids) of the chunks waiting in the Celery queue."""
+    messages = [json.loads(raw) for raw in redis.Redis.from_url(url).lrange("celery", 0, -1)]
+    return [json.loads(base64.b64decode(message["body"]))[0] for message in messages]
+
+
+def test_inline_job_is_stored_and_enqueued(client: TestClient, redis_db13: str, sessions) -> None:
+    docs = [{"text": f"Text number {i} about Berlin.", "external_id": f"doc-{i}"} for i in range(6)] + [{"text": "Ohne Id.", "language": "de"}]
+    answer = client.post("/v1/jobs", json={"documents": docs})
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert body["total"] == 7 and body["status"] == "queued" and body["decoder"] == "padellm"
+    assert body["model_version"] == model_version_of_path("tiny-conll03")
+    assert answer.headers["location"] == body["status_url"] == f"/v1/jobs/{body['job_id']}"
+    with sessions() as session:
+        stored = service.pending_document_ids(session, body["job_id"])
+        assert len(stored) == 7 and session.get(Document, stored[-1]).language == "de"
+    chunks = _queued_chunks(redis_db13)
+    assert sorted(doc_id for args in chunks for doc_id in args[1]) == stored
+    assert {args[0] for args in chunks} == {body["job_id"]} and max(len(args[1]) for args in chunks) == 4
+    status = client.get(body["status_url"]).json()
+    assert (status["status"], status["processed"], status["failed"], status["total"], status["progress"]) == ("queued", 0, 0, 7, 0.0)
+    entities = client.get(f"/v1/documents/{stored[0]}/entities").json()
+    assert entities == {"document_id": stored[0], "external_id": "doc-0", "status": "pending", "error": None, "model_version": None, "entities": []}
+    # resubmitting the same external ids reuses the documents
+    again = client.post("/v1/jobs", json={"documents": docs[:2], "decoder": "ar"})
+    assert again.status_code == 202 and again.json()["total"] == 2 and again.json()["decoder"] == "ar"
+    assert client.post("/v1/jobs", json={"document_ids": [stored[0], stored[-1]]}).json()["total"] == 2
+
+
+def test_processed_document_entities(client: TestClient, sessions, tiny_engine) -> None:
+    from pipeline.runner import run_job
+
+    job_id = client.post("/v1/jobs", json={"documents": [{"text": "EU rejects German call to boycott British lamb ."}, {"text": " "}]}).json()["job_id"]
+    run_job(sessions, tiny_engine, job_id, chunk_size=4)
+    with sessions() as session:
+        first, second = sorted(d.id for d in session.query(Document))
+    status = client.get(f"/v1/jobs/{job_id}").json()
+    assert (status["status"], status["processed"], status["failed"], status["progress"]) == ("completed", 1, 1, 1.0)
+    found = client.get(f"/v1/documents/{first}/entities").json()
+    expected = tiny_engine.extract(["EU rejects German call to boycott British lamb ."])[0].entities
+    assert found["status"] == "processed" and found["model_version"] == model_version_of_path("tiny-conll03")
+    assert [(e["start"], e["end"], e["label"]) for e in found["entities"]] == [(e.start, e.end, e.label) for e in expected]
+    failed = client.get(f"/v1/documents/{second}/entities").json()
+    assert (failed["status"], failed["error"]) == ("failed", "empty text")
+
+
+@pytest.mark.parametrize(("payload", "code", "fragment"), [
+    ({}, 422, "documents"),
+    ({"documents": [{"text": "a"}], "document_ids": [1]}, 422, "either"),
+    ({"documents": []}, 422, "at least 1"),
+    ({"documents": [{"external_id": "x"}]}, 422, "text"),
+    ({"documents": [{"text": "x" * 20_001}]}, 422, "limit of 20000"),
+    ({"documents": [{"text": "a"}], "decoder": "beam"}, 422, "padellm"),
+    ({"document_ids": [41, 42]}, 404, "41"),
+])
+def test_bad_requests_get_clear_errors(client: TestClient, payload: dict, code: int, fragment: str) -> None:
+    answer = client.post("/v1/jobs", json=payload)
+    assert answer.status_code == code and fragment in answer.text, answer.text
+
+
+def test_conflicting_external_id_and_unknown_ids(client: TestClient) -> None:
+    assert client.post("/v1/jobs", json={"documents": [{"text": "one", "external_id": "e"}]}).status_code == 202
+    conflict = client.post("/v1/jobs", json={"documents": [{"text": "two", "external_id": "e"}]})
+    assert conflict.status_code == 409 and "'e'" in conflict.json()["detail"]
+    assert client.get("/v1/jobs/999").status_code == 404
+    assert client.get("/v1/documents/999/entities").status_code == 404
+    assert client.get("/v1/jobs/not-a-number").status_code == 422

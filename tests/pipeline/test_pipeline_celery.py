@@ -1,0 +1,152 @@
+"""Real Celery workers (prefork subprocesses) on PostgreSQL and a private redis-server: a worker
+SIGKILLed mid-batch and Redis restarted without persistence mid-job both end with every
+document's entities stored exactly once and exact counts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from pipeline import service
+from pipeline.celery_app import app, parse_cron
+from pipeline.model_version import model_version
+from pipeline.models import DocumentResult, EntityRow, Job, JobDocument
+
+REPO = Path(__file__).resolve().parents[2]
+VISIBILITY_S = 8
+DOCUMENTS = 48
+
+
+def _texts() -> list[str]:
+    return [f"Report {i}: Peter Blackburn met officials of the European Commission in Brussels on Monday, "
+            f"and Germany said on day {i} it would follow the advice of the EU ." for i in range(DOCUMENTS)]
+
+
+class Workers:
+    """Starts ``celery worker`` / ``beat`` subprocesses (each in its own process group) and kills them."""
+
+    def __init__(self, database_url: str, redis_url: str, logs: Path) -> None:
+        self.env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "NER_MODEL": "tiny-conll03",
+                    "PIPELINE_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S), "PIPELINE_CHUNK_SIZE": "4"}
+        self.logs, self.processes = logs, []
+
+    def start(self, *args: str) -> subprocess.Popen:
+        log = (self.logs / f"celery-{len(self.processes)}.log").open("w")
+        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "pipeline.celery_app", *args, "--loglevel=INFO"],
+                                   cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes.append(process)
+        return process
+
+    def worker(self, name: str) -> subprocess.Popen:
+        return self.start("worker", "--pool=prefork", "--concurrency=1", "-n", f"{name}@%h", "--without-gossip", "--without-mingle")
+
+    @staticmethod
+    def kill(process: subprocess.Popen) -> None:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # the main process and its pool child
+            process.wait(timeout=30)
+
+    def close(self) -> None:
+        for process in self.processes:
+            self.kill(process)
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.logs.glob("celery-*.log")))
+
+    def tail(self) -> str:
+        return "\n".join(p.read_text()[-3000:] for p in sorted(self.logs.glob("celery-*.log")))
+
+
+@pytest.fixture
+def workers(migrated: str, private_redis, tmp_path: Path) -> Iterator[Workers]:
+    pool = Workers(migrated, private_redis.url, tmp_path)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(params=["postgresql"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """These tests run on PostgreSQL, the production database."""
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+def _submit(sessions, redis_url: str, engine) -> tuple[int, list[int]]:
+    with sessions.begin() as session:
+        ids = service.add_documents(session, [service.NewDocument(t) for t in _texts()])
+        job_id = service.create_job(session, ids, model_version(engine)).id
+    with app.connection_for_write(redis_url) as connection, connection.Producer() as producer:
+        for chunk in service.chunked(ids, 4):
+            app.send_task("pipeline.process_chunk", (job_id, chunk), producer=producer)
+    return job_id, ids
+
+
+def _wait(sessions, job_id: int, until, timeout: float, workers: Workers) -> Job:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with sessions() as session:
+            job = session.get(Job, job_id)
+            if until(job):
+                return job
+        time.sleep(0.05)
+    pytest.fail(f"job {job_id} did not get there in {timeout} s: {job.status} {job.processed}/{job.total}\n{workers.tail()}")
+
+
+def _assert_exactly_once(sessions, job_id: int, ids: list[int], engine) -> None:
+    version = model_version(engine)
+    expected = engine.extract(_texts())
+    with sessions() as session:
+        job = session.get(Job, job_id)
+        assert (job.status, job.processed, job.failed, job.total) == ("completed", DOCUMENTS, 0, DOCUMENTS)
+        assert session.scalar(select(func.count()).select_from(DocumentResult)) == DOCUMENTS
+        assert set(session.scalars(select(JobDocument.status).where(JobDocument.job_id == job_id))) == {"processed"}
+        assert session.scalar(select(func.count()).select_from(EntityRow)) == sum(len(r.entities) for r in expected)
+        for doc_id, result in zip(ids, expected):
+            marker = session.get(DocumentResult, (doc_id, version))
+            assert marker is not None and marker.entity_count == len(result.entities)
+            stored = session.execute(select(EntityRow.start, EntityRow.end, EntityRow.label)
+                                     .where(EntityRow.document_id == doc_id, EntityRow.model_version == version)).all()
+            assert sorted(stored) == sorted((e.start, e.end, e.label) for e in result.entities)
+
+
+def test_worker_killed_mid_batch_loses_and_doubles_nothing(workers: Workers, sessions, private_redis, tiny_engine) -> None:
+    first = workers.worker("first")
+    job_id, ids = _submit(sessions, private_redis.url, tiny_engine)
+    _wait(sessions, job_id, lambda j: j.processed >= 2, 180, workers)
+    workers.kill(first)
+    with sessions() as session:
+        at_kill = session.get(Job, job_id).processed
+    assert at_kill < DOCUMENTS, "the job finished before the worker could be killed"
+    workers.worker("second")  # the killed worker's unacknowledged chunk comes back after the visibility timeout
+    _wait(sessions, job_id, lambda j: j.status == "completed", 300, workers)
+    _assert_exactly_once(sessions, job_id, ids, tiny_engine)
+
+
+def test_redis_restart_without_persistence_mid_job(workers: Workers, sessions, private_redis, tiny_engine) -> None:
+    workers.worker("only")
+    workers.start("beat", "--schedule", str(workers.logs / "beat-schedule"))
+    job_id, ids = _submit(sessions, private_redis.url, tiny_engine)
+    _wait(sessions, job_id, lambda j: j.processed >= 2, 180, workers)
+    private_redis.stop()  # every queued chunk is lost with it
+    time.sleep(1)
+    private_redis.start()
+    # the worker reconnects; beat's stalled-job sweep enqueues the pending documents again
+    _wait(sessions, job_id, lambda j: j.status == "completed", 300, workers)
+    _assert_exactly_once(sessions, job_id, ids, tiny_engine)
+    assert f"job {job_id} stalled; requeueing" in workers.log_text()
+
+
+def test_beat_schedule_comes_from_the_settings() -> None:
+    nightly = app.conf.beat_schedule["nightly-pending-documents"]
+    assert nightly["task"] == "pipeline.nightly" and nightly["schedule"] == parse_cron("0 2 * * *")
+    assert parse_cron("30 1 * * 1-5").hour == {1} and parse_cron("30 1 * * 1-5").day_of_week == {1, 2, 3, 4, 5}
+    with pytest.raises(ValueError, match="5 fields"):
+        parse_cron("0 2 * *")
+    assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost and app.conf.worker_prefetch_multiplier == 1

@@ -1,0 +1,77 @@
+"""The greedy reference decoder, the shared KV-cache helpers and tree-attention packing,
+on real forward passes of the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from general_decoding import StopCriteria, UnknownDecoderError, get_decoder
+from general_decoding.kv_cache import cache_bytes, select_rows
+from general_decoding.tree_attention import collate_trees, pack_branches
+
+PROMPTS = ["Text: EU rejects German call to boycott British lamb .\nAll entities:", "Text: Peter Blackburn\nPER count:", "Text: a\n"]
+
+
+def _ids(engine, text: str) -> torch.Tensor:
+    return torch.tensor([engine.ner_model.tokenizer(text).input_ids])
+
+
+def test_greedy_matches_transformers_generate(tiny_engine) -> None:
+    model, eos = tiny_engine.ner_model.model, tiny_engine.ner_model.eos_token_id
+    for prompt in PROMPTS:
+        ids = _ids(tiny_engine, prompt)
+        ours = get_decoder("greedy").generate(model, ids, StopCriteria(12, frozenset({eos})))
+        theirs = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=eos)[0, ids.shape[1]:].tolist()
+        if eos in theirs:
+            theirs = theirs[: theirs.index(eos)]
+        assert ours.tokens[0] == theirs
+        assert ours.forward_passes == len(theirs) + int(ours.stopped[0])
+
+
+def test_left_padded_batch_equals_rows_decoded_alone(tiny_engine) -> None:
+    model, tokenizer, eos = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer, tiny_engine.ner_model.eos_token_id
+    rows = [tokenizer(p).input_ids for p in PROMPTS]
+    width = max(map(len, rows))
+    ids = torch.tensor([[eos] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    stop = StopCriteria(10, frozenset({eos}))
+    batched = get_decoder("greedy").generate(model, ids, stop, attention_mask=mask)
+    for i, row in enumerate(rows):
+        alone = get_decoder("greedy").generate(model, torch.tensor([row]), stop)
+        assert batched.tokens[i] == alone.tokens[0]
+        assert batched.scores[i] == pytest.approx(alone.scores[0], abs=1e-4)
+
+
+def test_bad_decoder_inputs_are_clear_errors(tiny_engine) -> None:
+    model = tiny_engine.ner_model.model
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        StopCriteria(0, frozenset({0}))
+    with pytest.raises(ValueError, match="non-empty"):
+        get_decoder("greedy").generate(model, torch.zeros((1, 0), dtype=torch.long), StopCriteria(3, frozenset({0})))
+    with pytest.raises(UnknownDecoderError, match="available: .*greedy"):
+        get_decoder("no-such-decoder")
+
+
+def test_tree_branches_see_only_the_prefix_and_themselves(tiny_engine) -> None:
+    model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
+    prefix = tokenizer("Text: Peter Blackburn met EU officials\n").input_ids
+    branches = [tokenizer(q, add_special_tokens=False).input_ids for q in ["PER count: 1", "ORG count: 1\nORG 1: EU", "All entities:"]]
+    tree = pack_branches(prefix, branches)
+    ids, positions, mask = collate_trees([tree], pad_token_id=0)
+    with torch.inference_mode():
+        packed = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[0]
+        start = len(prefix)
+        for branch in branches:
+            alone = model(input_ids=torch.tensor([prefix + branch])).logits[0, len(prefix):]
+            torch.testing.assert_close(packed[start:start + len(branch)], alone, atol=1e-4, rtol=1e-4)
+            start += len(branch)
+
+
+def test_selecting_cache_rows_copies_the_shared_prefix(tiny_engine) -> None:
+    model = tiny_engine.ner_model.model
+    with torch.inference_mode():
+        cache = model(input_ids=_ids(tiny_engine, PROMPTS[0]), use_cache=True).past_key_values
+    branched = select_rows(cache, [0, 0, 0])
+    assert cache_bytes(branched) == 3 * cache_bytes(cache)
+    assert torch.equal(branched.layers[0].keys[2], cache.layers[0].keys[0])

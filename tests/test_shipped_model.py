@@ -1,0 +1,50 @@
+"""The shipped English model on real sentences: it finds their entities, and the engine's
+fast paths (shared prefix, batching, fused count step) give exactly the reference results."""
+
+from __future__ import annotations
+
+import pytest
+
+from ner_service.engine import NEREngine
+
+pytestmark = pytest.mark.slow
+
+SENTENCES = [
+    "EU rejects German call to boycott British lamb .",
+    "Peter Blackburn",
+    "Japan coach Shu Kamo said : ' The Syrian own goal proved lucky for us .",
+    "Results of English first division soccer matches on Saturday : Bolton 2 Norwich 1 , Charlton 3 Ipswich 0 , Sheffield United 1 Tranmere 1",
+    "",
+]
+
+
+def test_finds_the_entities_of_a_real_sentence(en_engine: NEREngine) -> None:
+    (result,) = en_engine.extract(["Angela Merkel visited Paris on Monday with officials from Siemens ."])
+    found = {(e.text, e.label) for e in result.entities}
+    assert ("Angela Merkel", "PER") in found
+    assert ("Paris", "LOC") in found
+    assert all(0 < e.score <= 1 for e in result.entities)
+
+
+@pytest.mark.parametrize("decoder", ["padellm", "ar"])
+def test_batching_and_prefix_sharing_change_nothing(en_engine: NEREngine, decoder: str) -> None:
+    batched = en_engine.extract(SENTENCES, decoder=decoder)
+    alone = [en_engine.extract([s], decoder=decoder)[0] for s in SENTENCES]
+    reencoding = NEREngine(en_engine.ner_model, share_prefix=False).extract(SENTENCES, decoder=decoder)
+    key = lambda results: [[(e.start, e.end, e.label) for e in r.entities] for r in results]  # noqa: E731
+    assert key(batched) == key(alone) == key(reencoding)
+    assert sum(len(r.entities) for r in batched) >= 8
+    for result, sentence in zip(batched, SENTENCES):
+        assert all(sentence[e.start:e.end] == e.text for e in result.entities)
+
+
+def test_padellm_needs_fewer_forward_passes_than_ar(en_engine: NEREngine) -> None:
+    sentence = SENTENCES[3]
+    (parallel,) = en_engine.extract([sentence], decoder="padellm")
+    (sequential,) = en_engine.extract([sentence], decoder="ar")
+    assert parallel.stats.forward_passes * 2 < sequential.stats.forward_passes
+
+
+def test_label_subset_only_returns_those_labels(en_engine: NEREngine) -> None:
+    (result,) = en_engine.extract([SENTENCES[0]], labels=["MISC"])
+    assert result.entities and {e.label for e in result.entities} == {"MISC"}

@@ -1,0 +1,94 @@
+"""Training rows, the packed-prefix loss, and training with checkpoints and resume (tiny model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ner_service.engine import prompts
+from training.data import Example, Span
+from training.examples import IGNORE, build_row, query_answer_pairs
+from training.trainer import TrainConfig, answer_loss, train
+
+EXAMPLE = Example("Peter met Anna in Paris", [Span(0, 5, "PER"), Span(10, 14, "PER"), Span(18, 23, "LOC")])
+
+
+def test_query_answer_pairs_follow_the_protocol() -> None:
+    pairs = query_answer_pairs(EXAMPLE, ["LOC", "PER"], ["padellm", "ar"])
+    assert pairs == [
+        (prompts.count_query("LOC"), "1"),
+        (prompts.mention_query("LOC", 1, 1), " Paris"),
+        (prompts.count_query("PER"), "2"),
+        (prompts.mention_query("PER", 2, 1), " Peter"),
+        (prompts.mention_query("PER", 2, 2), " Anna"),
+        (prompts.ar_query(), "\nPER: Peter\nPER: Anna\nLOC: Paris"),
+    ]
+
+
+def test_targets_are_exactly_the_answers(tiny_engine) -> None:
+    tokenizer = tiny_engine.ner_model.tokenizer
+    row = build_row(EXAMPLE, ["LOC", "PER"], tokenizer, ["padellm"])
+    eos = tokenizer.eos_token_id
+    answers = [t for t in row.targets if t != IGNORE]
+    expected = []
+    for _, answer in query_answer_pairs(EXAMPLE, ["LOC", "PER"], ["padellm"]):
+        expected += tokenizer(answer, add_special_tokens=False).input_ids + [eos]
+    assert answers == expected
+    prefix_len = len(tokenizer(prompts.prefix(EXAMPLE.text)).input_ids)
+    assert all(t == IGNORE for t in row.targets[: prefix_len])
+    assert row.tree.position_ids[prefix_len] == prefix_len  # every branch restarts after the prefix
+
+
+def test_packed_loss_equals_the_loss_of_separate_sequences(tiny_engine) -> None:
+    model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
+    row = build_row(EXAMPLE, ["PER"], tokenizer, ["padellm"])
+    with torch.inference_mode():
+        packed = answer_loss(model, [row], tokenizer.eos_token_id)
+        prefix = tokenizer(prompts.prefix(EXAMPLE.text)).input_ids
+        losses, count = 0.0, 0
+        for query, answer in query_answer_pairs(EXAMPLE, ["PER"], ["padellm"]):
+            q = tokenizer(query, add_special_tokens=False).input_ids
+            a = tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+            ids = torch.tensor([prefix + q + a])
+            logits = model(input_ids=ids).logits[0, len(prefix) + len(q) - 1 : -1]
+            losses += torch.nn.functional.cross_entropy(logits, torch.tensor(a), reduction="sum").item()
+            count += len(a)
+    assert packed.item() == pytest.approx(losses / count, rel=1e-4)
+
+
+def _jsonl(path: Path, n: int) -> Path:
+    lines = [{"text": f"Peter met Anna in Paris {i}", "entities": [{"start": 0, "end": 5, "label": "PER"}, {"start": 18, "end": 23, "label": "LOC"}]} for i in range(n)]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_training_lowers_the_loss_checkpoints_and_resumes(tmp_path: Path, tiny_engine) -> None:
+    data = _jsonl(tmp_path / "train.jsonl", 8)
+    base = str(tiny_engine.ner_model.path)
+    config = TrainConfig(base=base, train=str(data), dev=str(data), output=str(tmp_path / "out"), full=True, lr=3e-3,
+                         warmup_steps=1, max_steps=6, batch_tokens=512, save_every=3, eval_limit=2, eval_batch_size=2)
+    first = train(config)
+    assert first["steps"] == 6 and (tmp_path / "out" / "ner_model.json").is_file()
+    checkpoint = torch.load(tmp_path / "out" / "checkpoint" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["state"]["step"] == 6
+    config.max_steps, config.resume = 9, True
+    resumed = train(config)
+    assert resumed["steps"] == 9
+    assert resumed["history"][-1]["step"] == 9 and "padellm" in resumed["history"][-1]
+
+
+def test_lora_training_saves_a_small_adapter(tmp_path: Path, tiny_engine) -> None:
+    data = _jsonl(tmp_path / "train.jsonl", 4)
+    config = TrainConfig(base=str(tiny_engine.ner_model.path), train=str(data), output=str(tmp_path / "lora"), lora_r=4, max_steps=2, batch_tokens=512)
+    train(config)
+    saved = json.loads((tmp_path / "lora" / "ner_model.json").read_text())
+    assert saved["base"] == str(tiny_engine.ner_model.path)
+    assert (tmp_path / "lora" / "adapter_model.safetensors").stat().st_size < 1_000_000
+    from ner_service.engine import NEREngine
+
+    engine = NEREngine.load(tmp_path / "lora")
+    assert engine.labels == ["LOC", "PER"]
+    assert engine.extract(["Peter met Anna"])[0].stats.forward_passes > 0

@@ -1,0 +1,1 @@
+"""Data readers, training-example builders, LoRA training and evaluation for PaDeLLM-NER."""

@@ -1,0 +1,94 @@
+"""Span-level micro-F1 (exact start, end and label) and engine evaluation on a corpus."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from tqdm import tqdm
+
+from ner_service.engine import NEREngine
+from training.data import Example, Span
+
+SpanKey = tuple[int, int, str]
+
+
+def _prf(tp: int, fp: int, fn: int) -> dict[str, float]:
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": 100 * precision, "recall": 100 * recall, "f1": 100 * f1, "tp": tp, "fp": fp, "fn": fn}
+
+
+def span_f1(gold: Iterable[Iterable[SpanKey]], predicted: Iterable[Iterable[SpanKey]]) -> dict[str, object]:
+    """Micro precision/recall/F1 (in %) over exact ``(start, end, label)`` matches, with per-label scores."""
+    tp: Counter[str] = Counter()
+    fp: Counter[str] = Counter()
+    fn: Counter[str] = Counter()
+    for gold_spans, predicted_spans in zip(gold, predicted, strict=True):
+        g, p = set(gold_spans), set(predicted_spans)
+        for span in g & p:
+            tp[span[2]] += 1
+        for span in p - g:
+            fp[span[2]] += 1
+        for span in g - p:
+            fn[span[2]] += 1
+    labels = sorted(set(tp) | set(fp) | set(fn))
+    micro = _prf(sum(tp.values()), sum(fp.values()), sum(fn.values()))
+    return {
+        "micro_f1": micro["f1"],
+        "precision": micro["precision"],
+        "recall": micro["recall"],
+        "per_label": {label: _prf(tp[label], fp[label], fn[label]) for label in labels},
+    }
+
+
+def _key(span: Span) -> SpanKey:
+    return (span.start, span.end, span.label)
+
+
+def evaluate_engine(
+    engine: NEREngine,
+    examples: Sequence[Example],
+    decoder: str = "padellm",
+    backend: str = "greedy",
+    batch_size: int = 1,
+    labels: Sequence[str] | None = None,
+    progress: bool = True,
+) -> dict[str, object]:
+    """Run the engine over ``examples`` and score it; latency is per batch of ``batch_size`` texts."""
+    wanted = engine.check_labels(labels)
+    predicted: list[list[SpanKey]] = []
+    latencies, forwards = [], []
+    unmatched = 0
+    bar = tqdm(total=len(examples), desc=f"evaluate {decoder}/{backend}", unit="text", disable=not progress)
+    began = time.perf_counter()
+    for start in range(0, len(examples), batch_size):
+        batch = examples[start:start + batch_size]
+        results = engine.extract([e.text for e in batch], labels=wanted, decoder=decoder, backend=backend)
+        predicted.extend([(e.start, e.end, e.label) for e in r.entities] for r in results)
+        latencies.append(results[0].stats.latency_ms)
+        forwards.append(results[0].stats.forward_passes)
+        unmatched += results[0].stats.unmatched_mentions
+        bar.update(len(batch))
+    bar.close()
+    gold = [[_key(s) for s in e.spans if s.label in wanted] for e in examples]
+    scores = span_f1(gold, predicted)
+    ordered = sorted(latencies) or [0.0]
+    return {
+        **scores,
+        "n_sentences": len(examples),
+        "decoder": decoder,
+        "backend": backend,
+        "batch_size": batch_size,
+        "latency_ms": {
+            "mean": statistics.fmean(ordered),
+            "p50": ordered[len(ordered) // 2],
+            "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        },
+        "forward_passes_mean": statistics.fmean(forwards) if forwards else 0.0,
+        "unmatched_mentions": unmatched,
+        "seconds": time.perf_counter() - began,
+    }
