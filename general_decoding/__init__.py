@@ -11,7 +11,8 @@ from general_decoding.registry import (
     get_decoder,
     register_decoder,
 )
-from general_decoding import greedy as _greedy  # noqa: F401  (registers "greedy")
+# importing a decoder module registers its decoders
+from general_decoding import copy_draft, greedy, jacobi, ngram, speculative  # noqa: F401,E402
 
 __all__ = [
     "Decoder",

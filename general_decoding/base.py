@@ -36,6 +36,7 @@ class Generation:
     stopped: list[bool]
     forward_passes: int = 0
     accepted_per_pass: list[int] = field(default_factory=list)
+    details: dict[str, list[int]] = field(default_factory=dict)  # decoder-specific counts
 
     @property
     def tokens_per_forward(self) -> float:
@@ -67,8 +68,12 @@ class Decoder(ABC):
         stop: StopCriteria,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        context_ids: list[list[int]] | None = None,
     ) -> Generation:
-        """Decode greedily-equivalent continuations of every row of ``input_ids``."""
+        """Decode greedily-equivalent continuations of every row of ``input_ids``.
+
+        ``context_ids`` (optional) are each row's tokens already in ``past_key_values``,
+        for decoders that draft from the input."""
         if input_ids.ndim != 2 or input_ids.shape[1] == 0:
             raise ValueError("input_ids must be a non-empty [batch, length] tensor of token ids")
         if input_ids.shape[0] > 1 and not self.supports_batch:
@@ -80,8 +85,10 @@ class Decoder(ABC):
             raise ValueError(
                 f"attention_mask has shape {tuple(attention_mask.shape)}, expected {(input_ids.shape[0], past + input_ids.shape[1])}"
             )
+        if context_ids is not None and len(context_ids) != input_ids.shape[0]:
+            raise ValueError(f"context_ids has {len(context_ids)} rows, input_ids {input_ids.shape[0]}")
         with torch.inference_mode():
-            return self._generate(model, input_ids, attention_mask.long(), past_key_values, stop)
+            return self._generate(model, input_ids, attention_mask.long(), past_key_values, stop, context_ids)
 
     @abstractmethod
     def _generate(
@@ -91,5 +98,6 @@ class Decoder(ABC):
         attention_mask: torch.Tensor,
         past_key_values: Cache | None,
         stop: StopCriteria,
+        context_ids: list[list[int]] | None,
     ) -> Generation:
         """Decoder-specific loop; inputs are already validated."""

@@ -20,6 +20,7 @@ class GreedyDecoder(Decoder):
         attention_mask: torch.Tensor,
         past_key_values: Cache | None,
         stop: StopCriteria,
+        context_ids: list[list[int]] | None,
     ) -> Generation:
         batch = input_ids.shape[0]
         cache = past_key_values if past_key_values is not None else DynamicCache()

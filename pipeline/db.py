@@ -30,10 +30,13 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.close()
 
 
-@lru_cache(maxsize=8)
 def get_engine(url: str | None = None) -> Engine:
-    """The (cached) SQLAlchemy engine for ``url`` (default: ``DATABASE_URL``)."""
-    url = normalize_url(url or get_settings().database_url)
+    """The (cached) SQLAlchemy engine for ``url`` (default: ``DATABASE_URL``, read on each call)."""
+    return _engine_for(normalize_url(url or get_settings().database_url))
+
+
+@lru_cache(maxsize=8)
+def _engine_for(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)

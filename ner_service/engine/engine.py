@@ -127,15 +127,16 @@ class NEREngine:
         texts: Sequence[str],
         labels: Sequence[str] | None = None,
         decoder: str = "padellm",
-        backend: str = "greedy",
+        backend: str | Decoder = "greedy",
     ) -> list[Extraction]:
-        """Entities of every text. ``decoder`` is ``padellm`` or ``ar``; ``backend`` any registered decoder."""
+        """Entities of every text. ``decoder`` is ``padellm`` or ``ar``; ``backend`` a registered
+        decoder's name or a configured :class:`Decoder` (e.g. speculative with its draft model)."""
         if decoder not in STRATEGIES:
             raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(STRATEGIES)}")
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, not a string")
         wanted = self.check_labels(labels)
-        generator = get_decoder(backend)
+        generator = backend if isinstance(backend, Decoder) else get_decoder(backend)
         results: list[Extraction] = []
         for start in range(0, len(texts), self.max_batch_texts):
             batch = list(texts[start:start + self.max_batch_texts])
@@ -241,10 +242,12 @@ class NEREngine:
                 ids, query_mask = self._left_pad([queries[r] for r in rows])
                 mask = torch.cat([prefixes.mask[owner_rows].cpu(), query_mask], dim=1).to(self._device())
                 cache = select_rows(prefixes.cache, owner_rows)
+                context = [prefixes.tokens[o] for o in owner_rows]  # what copy-style drafters read
             else:
                 ids, mask = self._left_pad([prefixes.tokens[o] + queries[r] for o, r in zip(owner_rows, rows)])
-                mask, cache = mask.to(self._device()), None
-            out = generator.generate(self.ner_model.model, ids.to(self._device()), stop, attention_mask=mask, past_key_values=cache)
+                mask, cache, context = mask.to(self._device()), None, None
+            out = generator.generate(self.ner_model.model, ids.to(self._device()), stop, attention_mask=mask,
+                                     past_key_values=cache, context_ids=context)
             for position, row in enumerate(rows):
                 merged.tokens[row] = out.tokens[position]
                 merged.token_logprobs[row] = out.token_logprobs[position]

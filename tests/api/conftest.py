@@ -17,7 +17,8 @@ TINY = "tiny-conll03"
 
 def tiny_settings(**overrides: object) -> Settings:
     """Settings on the tiny model; ``overrides`` by field name."""
-    return Settings(ner_model=TINY, ner_api_keys="", ner_rate_limit_per_minute=10_000, **overrides)
+    fields: dict[str, object] = {"ner_model": TINY, "ner_api_keys": "", "ner_rate_limit_per_minute": 10_000}
+    return Settings(**(fields | overrides))
 
 
 def wait_ready(client: TestClient, timeout_s: float = 120.0) -> None:

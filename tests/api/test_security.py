@@ -18,7 +18,7 @@ def test_a_missing_key_is_401(keyed, path: str) -> None:
     assert response.headers["WWW-Authenticate"] == "Bearer"
 
 
-@pytest.mark.parametrize("headers", [{"X-API-Key": "alpha-keyx"}, {"Authorization": "Bearer nope"}, {"X-API-Key": "é"}])
+@pytest.mark.parametrize("headers", [{"X-API-Key": "alpha-keyx"}, {"Authorization": "Bearer nope"}, {"X-API-Key": "é".encode("latin-1")}])
 def test_a_wrong_key_is_401(keyed, headers: dict) -> None:
     response = keyed.post("/v1/entities", json={"text": "a"}, headers=headers)
     assert response.status_code == 401 and response.json()["detail"] == "invalid API key"

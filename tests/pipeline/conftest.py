@@ -15,10 +15,6 @@ from pathlib import Path
 
 import pytest
 
-# before anything imports the settings or the Celery app
-os.environ["NER_MODEL"] = "tiny-conll03"
-os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/13"
-os.environ["PIPELINE_CHUNK_SIZE"] = "4"
 
 PG_ADMIN = os.environ.get("PADELLM_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_TEST_URL = os.environ["REDIS_URL"]

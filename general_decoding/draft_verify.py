@@ -1,0 +1,145 @@
+"""Draft, then verify in one forward: the mechanics every lossless drafting decoder shares.
+
+Each row feeds ``[last, d_1 .. d_k]``; the model's greedy predictions ``g_0 .. g_k`` accept
+the longest draft prefix with ``d_i == g_{i-1}`` and add the bonus token ``g_a``, so every
+emitted token is exactly the greedy one. Rows of a batch accept different numbers of tokens:
+the cache keeps the longest accepted run and the other rows' rejected columns are masked out
+(positions skip masked columns), so no row ever attends to a rejected token.
+
+A subclass only says what to draft (:meth:`DraftVerifyDecoder.propose`) and, if it learns
+from the verification, what it saw (:meth:`DraftVerifyDecoder.observe`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+from transformers import Cache, DynamicCache, PreTrainedModel
+
+from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
+from general_decoding.kv_cache import keep_first
+
+
+@dataclass
+class RowState:
+    """One row's decoding so far: ``context`` is every token before the emitted ones."""
+
+    context: list[int]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    score: float = 0.0
+    stopped: bool = False
+    done: bool = False
+
+    @property
+    def history(self) -> list[int]:
+        """Context and emitted tokens: what a drafter may look at."""
+        return self.context + self.tokens
+
+    def emit(self, token: int, logprob: float, stop: StopCriteria) -> None:
+        """Append a greedy token (a stop token ends the row without being emitted)."""
+        self.score += logprob
+        if token in stop.stop_token_ids:
+            self.stopped = self.done = True
+            return
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        self.done = len(self.tokens) >= stop.max_new_tokens
+
+
+class DraftVerifyDecoder(Decoder):
+    """Greedy-exact decoding that verifies ``max_draft`` drafted tokens per forward."""
+
+    def __init__(self, max_draft: int = 8) -> None:
+        if max_draft < 1:
+            raise ValueError(f"max_draft must be >= 1, got {max_draft}")
+        self.max_draft = max_draft
+
+    @abstractmethod
+    def propose(self, row: int, state: RowState, budget: int) -> list[int]:
+        """Up to ``budget`` tokens expected to follow ``state.history`` (may be empty)."""
+
+    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int) -> None:
+        """Hook: the greedy predictions after ``[last] + draft`` and how many drafts were accepted."""
+
+    def start(self, states: list[RowState]) -> None:
+        """Hook: called once per :meth:`generate` before the first draft."""
+
+    def _generate(
+        self,
+        model: PreTrainedModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        past_key_values: Cache | None,
+        stop: StopCriteria,
+        context_ids: list[list[int]] | None,
+    ) -> Generation:
+        cache = past_key_values if past_key_values is not None else DynamicCache()
+        new_columns = attention_mask[:, -input_ids.shape[1]:].bool()
+        contexts = context_ids or [[] for _ in range(input_ids.shape[0])]
+        states = [RowState(list(c) + ids[keep].tolist()) for c, ids, keep in zip(contexts, input_ids.cpu(), new_columns.cpu())]
+        self.start(states)
+        positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1]:]
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        last = logprobs.argmax(-1)
+        for state, token, lp in zip(states, last.tolist(), logprobs.gather(-1, last[:, None])[:, 0].tolist()):
+            state.emit(token, lp, stop)
+        forwards, accepted_per_pass = 1, [len(states)]
+        mask = attention_mask
+        while not all(s.done for s in states):
+            active = [not s.done for s in states]
+            drafts = [self.propose(r, s, min(self.max_draft, stop.max_new_tokens - len(s.tokens))) if a else []
+                      for r, (s, a) in enumerate(zip(states, active))]
+            width = max(len(d) for d in drafts)
+            ids = torch.tensor([[s.tokens[-1] if s.tokens else 0] + d + [0] * (width - len(d)) for s, d in zip(states, drafts)],
+                               device=input_ids.device)
+            step_mask = torch.tensor(active, device=mask.device)[:, None].long().expand(-1, width + 1)
+            full_mask = torch.cat([mask, step_mask], dim=1)
+            positions = mask.sum(-1, keepdim=True) + torch.arange(width + 1, device=mask.device)
+            past = cache.get_seq_length()
+            logits = model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
+                           past_key_values=cache, use_cache=True).logits
+            forwards += 1
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            predictions = logprobs.argmax(-1)
+            chosen = logprobs.gather(-1, predictions[..., None])[..., 0]
+            kept = [0] * len(states)
+            emitted_now = 0
+            for r, state in enumerate(states):
+                if not active[r]:
+                    continue
+                row_pred = predictions[r].tolist()
+                accepted = 0
+                while accepted < len(drafts[r]) and drafts[r][accepted] == row_pred[accepted]:
+                    accepted += 1
+                self.observe(r, state, row_pred, accepted)
+                row_lp = chosen[r].tolist()
+                before = len(state.tokens) + int(state.stopped)
+                for j in range(accepted + 1):
+                    state.emit(row_pred[j], row_lp[j], stop)
+                    if state.done:
+                        break
+                emitted_now += len(state.tokens) + int(state.stopped) - before
+                kept[r] = 1 + accepted  # the fed last token and the accepted drafts are now valid cache
+            accepted_per_pass.append(emitted_now)
+            keep = max(kept)
+            keep_first(cache, past + keep)
+            valid = torch.arange(keep, device=mask.device)[None, :] < torch.tensor(kept, device=mask.device)[:, None]
+            mask = torch.cat([mask, valid.long()], dim=1)
+        return Generation([s.tokens for s in states], [s.logprobs for s in states], [s.score for s in states],
+                          [s.stopped for s in states], forwards, accepted_per_pass)
+
+
+def longest_suffix_match(history: list[int], source: list[int], max_n: int, min_n: int = 1) -> int | None:
+    """End index in ``source`` of the latest occurrence of ``history``'s longest suffix
+    (longest n first, from ``max_n`` down to ``min_n``); ``None`` if there is none."""
+    for n in range(min(max_n, len(history)), min_n - 1, -1):
+        suffix = history[-n:]
+        for end in range(len(source) - 1, n - 2, -1):
+            if source[end - n + 1:end + 1] == suffix:
+                return end + 1
+    return None

@@ -1,0 +1,64 @@
+"""Jacobi and Gauss-Seidel-Jacobi decoding (Santilli et al. 2023).
+
+The next tokens are unknowns of a fixed-point system: guess them all, predict every one in a
+single forward, take the predictions as the next guesses, repeat. With the KV cache, each
+iteration keeps the prefix that already agrees with greedy and re-guesses the rest. Jacobi
+iterates over the whole output; GS-Jacobi over blocks of ``block_size`` tokens, one block
+after the other. ``Generation.details["iterations_per_block"]`` reports the forwards each
+block needed to reach its fixed point.
+"""
+
+from __future__ import annotations
+
+from general_decoding.draft_verify import DraftVerifyDecoder, RowState
+from general_decoding.registry import register_decoder
+
+
+@register_decoder("jacobi")
+class JacobiDecoder(DraftVerifyDecoder):
+    """Fixed-point iteration over the whole output (``block_size=None``) or over blocks."""
+
+    def __init__(self, block_size: int | None = None, max_draft: int = 32) -> None:
+        super().__init__(max_draft)
+        if block_size is not None and block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self._guesses: list[list[int]] = []
+        self._iterations: list[list[int]] = []
+
+    def start(self, states: list[RowState]) -> None:
+        self._guesses = [[] for _ in states]
+        self._iterations = [[0] for _ in states]
+
+    def _left_in_block(self, state: RowState, budget: int) -> int:
+        if self.block_size is None:
+            return budget
+        return min(budget, self.block_size - len(state.tokens) % self.block_size)
+
+    def propose(self, row: int, state: RowState, budget: int) -> list[int]:
+        # the bonus token of this forward fills one unknown: draft the block's other unknowns
+        unknowns = self._left_in_block(state, budget) - 1
+        guesses = self._guesses[row][:unknowns]
+        return guesses + [state.tokens[-1]] * (unknowns - len(guesses))
+
+    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int) -> None:
+        block_before = len(state.tokens) // self.block_size if self.block_size else 0
+        fixed = len(state.tokens) + accepted + 1
+        self._iterations[row][-1] += 1
+        self._guesses[row] = predictions[accepted + 1:]
+        if self.block_size and fixed // self.block_size > block_before:
+            self._iterations[row].append(0)
+            self._guesses[row] = []
+
+    def _generate(self, *args, **kwargs):
+        generation = super()._generate(*args, **kwargs)
+        generation.details["iterations_per_block"] = [n for row in self._iterations for n in row if n]
+        return generation
+
+
+@register_decoder("gs_jacobi")
+class GaussSeidelJacobiDecoder(JacobiDecoder):
+    """Jacobi inside blocks of ``block_size`` tokens, blocks decoded one after the other."""
+
+    def __init__(self, block_size: int = 8, max_draft: int = 32) -> None:
+        super().__init__(block_size=block_size, max_draft=max_draft)

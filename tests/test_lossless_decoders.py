@@ -1,0 +1,145 @@
+"""Every lossless decoder reproduces greedy decoding token for token: alone, in left-padded
+batches, behind a cached prefix (the engine's mention step), and when drafts are mostly wrong."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from general_decoding import StopCriteria, get_decoder
+from general_decoding.base import position_ids_from_mask
+from ner_service.engine import prompts
+
+LOSSLESS = ["jacobi", "gs_jacobi", "anpd", "copy", "speculative"]
+TEXTS = [
+    "EU rejects German call to boycott British lamb .",
+    "Peter Blackburn",
+    "BRUSSELS 1996-08-22",
+    "The European Commission said on Thursday it disagreed with German advice to consumers to shun British lamb until scientists determine whether mad cow disease can be transmitted to sheep .",
+    "Germany 's representative to the European Union 's veterinary committee Werner Zwingmann said on Wednesday consumers should buy sheepmeat from countries other than Britain until the scientific advice was clearer .",
+    "Fischler proposed EU-wide measures after reports from Britain and France that under laboratory conditions sheep could contract Bovine Spongiform Encephalopathy ( BSE ) -- mad cow disease .",
+    "Leicester : Leicestershire beat Somerset by an innings and 39 runs .",
+    "Hove : Sussex 363 ( W. Athey 111 , V. Drakes 52 ; I. Austin 4-37 ) , Lancashire 197-8 ( W. Hegg 54 )",
+]
+
+
+def _queries(tokenizer) -> list[list[int]]:
+    """Real NER prompts: AR queries and PaDeLLM mention queries over the texts."""
+    rows = []
+    for text in TEXTS:
+        prefix = tokenizer(prompts.prefix(text)).input_ids
+        rows.append(prefix + tokenizer(prompts.ar_query(), add_special_tokens=False).input_ids)
+        for label, k in (("PER", 1), ("LOC", 2), ("ORG", 1)):
+            rows.append(prefix + tokenizer(prompts.mention_query(label, 2, k), add_special_tokens=False).input_ids)
+    return rows
+
+
+def _decoder(name: str, model):
+    if name != "speculative":
+        return get_decoder(name)
+    draft = copy.deepcopy(model)  # a perturbed copy: drafts are right only part of the time
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(0)
+        for parameter in draft.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5 * parameter.std().clamp(min=1e-3))
+    return get_decoder("speculative", draft_model=draft)
+
+
+def _run(decoder, model, rows: list[list[int]], stop: StopCriteria, pad: int):
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return decoder.generate(model, ids, stop, attention_mask=mask)
+
+
+@pytest.mark.parametrize("name", LOSSLESS)
+def test_each_row_alone_equals_greedy(tiny_engine, name: str) -> None:
+    model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
+    stop = StopCriteria(40, frozenset({tokenizer.eos_token_id}))
+    greedy, decoder = get_decoder("greedy"), _decoder(name, model)
+    for row in _queries(tokenizer):
+        expected = _run(greedy, model, [row], stop, 0)
+        got = _run(decoder, model, [row], stop, 0)
+        assert got.tokens == expected.tokens and got.stopped == expected.stopped
+        assert got.scores == pytest.approx(expected.scores, abs=1e-3)
+        assert got.forward_passes <= expected.forward_passes
+
+
+@pytest.mark.parametrize("name", LOSSLESS)
+def test_left_padded_batch_equals_greedy(tiny_engine, name: str) -> None:
+    model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
+    stop = StopCriteria(30, frozenset({tokenizer.eos_token_id}))
+    rows = _queries(tokenizer)
+    expected = _run(get_decoder("greedy"), model, rows, stop, 0)
+    got = _run(_decoder(name, model), model, rows, stop, 0)
+    assert got.tokens == expected.tokens
+    assert got.stopped == expected.stopped
+
+
+@pytest.mark.parametrize("name", LOSSLESS)
+def test_behind_a_cached_prefix_equals_greedy(tiny_engine, name: str) -> None:
+    """The engine's mention step: the text is in the cache, only the query is fed."""
+    model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
+    prefix = tokenizer(prompts.prefix(TEXTS[3])).input_ids
+    query = tokenizer(prompts.mention_query("ORG", 2, 1), add_special_tokens=False).input_ids
+    stop = StopCriteria(24, frozenset({tokenizer.eos_token_id}))
+    results = []
+    for decoder in (get_decoder("greedy"), _decoder(name, model)):
+        cache = DynamicCache()
+        mask = torch.ones(1, len(prefix), dtype=torch.long)
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([prefix]), attention_mask=mask, position_ids=position_ids_from_mask(mask), past_key_values=cache, use_cache=True)
+        full_mask = torch.ones(1, len(prefix) + len(query), dtype=torch.long)
+        results.append(decoder.generate(model, torch.tensor([query]), stop, attention_mask=full_mask, past_key_values=cache, context_ids=[prefix]))
+    assert results[1].tokens == results[0].tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LOSSLESS)
+def test_shipped_model_decoders_equal_greedy(en_engine, name: str) -> None:
+    model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
+    stop = StopCriteria(48, frozenset({tokenizer.eos_token_id}))
+    rows = _queries(tokenizer)[:8]
+    expected = _run(get_decoder("greedy"), model, rows, stop, 0)
+    got = _run(_decoder(name, model), model, rows, stop, 0)
+    assert got.tokens == expected.tokens
+
+
+@pytest.mark.slow
+def test_copy_drafting_accepts_several_tokens_per_forward_on_copied_mentions(en_engine) -> None:
+    model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
+    stop = StopCriteria(40, frozenset({tokenizer.eos_token_id}))
+    forwards = {"greedy": 0, "copy": 0}
+    for row in _queries(tokenizer)[:8]:
+        outputs = {name: _run(get_decoder(name), model, [row], stop, 0) for name in forwards}
+        assert outputs["copy"].tokens == outputs["greedy"].tokens
+        for name, out in outputs.items():
+            forwards[name] += out.forward_passes
+    assert forwards["copy"] < forwards["greedy"]
+
+
+def test_gs_jacobi_reports_iterations_per_block(tiny_engine) -> None:
+    model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
+    row = _queries(tokenizer)[0]
+    out = _run(get_decoder("gs_jacobi", block_size=4), model, [row], StopCriteria(20, frozenset({tokenizer.eos_token_id})), 0)
+    blocks = out.details["iterations_per_block"]
+    assert blocks and all(1 <= n <= 4 for n in blocks)
+    assert sum(blocks) == out.forward_passes - 1  # every forward after the prefill belongs to one block
+
+
+def test_speculative_without_a_draft_model_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="draft model"):
+        get_decoder("speculative")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["jacobi", "gs_jacobi", "anpd", "copy"])
+def test_engine_backends_give_the_greedy_entities(en_engine, name: str) -> None:
+    texts = TEXTS[:5]
+    for strategy in ("padellm", "ar"):
+        expected = [r.entities for r in en_engine.extract(texts, decoder=strategy)]
+        got = [r.entities for r in en_engine.extract(texts, decoder=strategy, backend=name)]
+        assert [[(e.start, e.end, e.label) for e in g] for g in got] == [[(e.start, e.end, e.label) for e in x] for x in expected]
