@@ -45,10 +45,11 @@ def main() -> None:
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
     parser.add_argument("--backend", default="greedy", help="token decoder for mention step and AR")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
 
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
-    shared = NEREngine.load(args.model, dtype=getattr(torch, args.dtype))
+    shared = NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
     engines = {
         "ar": (shared, "ar"),
         "padellm": (shared, "padellm"),
@@ -78,10 +79,11 @@ def main() -> None:
             "speedup_vs_ar": ar_mean / mean,
             "forward_passes_mean": statistics.fmean(forwards[variant]),
         })
-    print(f"\n{args.model} on {len(examples)} sentences of {args.data}, batch 1, backend {args.backend}, {args.dtype}, {torch.get_num_threads()} threads")
+    print(f"\n{args.model} on {len(examples)} sentences of {args.data}, batch 1, backend {args.backend}, {args.dtype}, {args.device}"
+          + ("" if args.device != "cpu" else f", {torch.get_num_threads()} threads"))
     print_table(rows, ["variant", "f1", "latency_ms_mean", "latency_ms_p50", "latency_ms_p90", "speedup_vs_ar", "forward_passes_mean"])
     path = write_json(args.json, {"benchmark": "padellm_vs_ar", "model": args.model, "n_sentences": len(examples),
-                                  "backend": args.backend, "dtype": args.dtype, "results": rows})
+                                  "backend": args.backend, "dtype": args.dtype, "device": args.device, "results": rows})
     png = bar_plots(path.with_suffix(".png"), list(VARIANTS), {
         "mean latency (ms)": [r["latency_ms_mean"] for r in rows],
         "speed-up over AR": [r["speedup_vs_ar"] for r in rows],

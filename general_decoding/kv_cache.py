@@ -26,3 +26,12 @@ def keep_first(cache: Cache, length: int) -> None:
 def cache_bytes(cache: Cache) -> int:
     """Bytes held by the keys and values of ``cache``."""
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+def keep_columns(cache: Cache, columns: list[int]) -> None:
+    """Keep only the cached columns ``columns`` (in that order), in place: the accepted
+    tokens of a verified branch that was not at the end of the sequence."""
+    for layer in cache.layers:
+        index = torch.as_tensor(columns, dtype=torch.long, device=layer.keys.device)
+        layer.keys = layer.keys.index_select(2, index)
+        layer.values = layer.values.index_select(2, index)

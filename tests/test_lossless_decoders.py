@@ -13,7 +13,7 @@ from general_decoding import StopCriteria, get_decoder
 from general_decoding.base import position_ids_from_mask
 from ner_service.engine import prompts
 
-LOSSLESS = ["jacobi", "gs_jacobi", "anpd", "copy", "speculative"]
+LOSSLESS = ["jacobi", "gs_jacobi", "anpd", "lookahead", "copy", "speculative"]
 TEXTS = [
     "EU rejects German call to boycott British lamb .",
     "Peter Blackburn",
@@ -73,8 +73,13 @@ def test_left_padded_batch_equals_greedy(tiny_engine, name: str) -> None:
     model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
     stop = StopCriteria(30, frozenset({tokenizer.eos_token_id}))
     rows = _queries(tokenizer)
+    decoder = _decoder(name, model)
+    if not decoder.supports_batch:  # one sequence at a time: a batch is refused, never mangled
+        with pytest.raises(ValueError, match="one sequence at a time"):
+            _run(decoder, model, rows, stop, 0)
+        return
     expected = _run(get_decoder("greedy"), model, rows, stop, 0)
-    got = _run(_decoder(name, model), model, rows, stop, 0)
+    got = _run(decoder, model, rows, stop, 0)
     assert got.tokens == expected.tokens
     assert got.stopped == expected.stopped
 
@@ -102,10 +107,10 @@ def test_behind_a_cached_prefix_equals_greedy(tiny_engine, name: str) -> None:
 def test_shipped_model_decoders_equal_greedy(en_engine, name: str) -> None:
     model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
     stop = StopCriteria(48, frozenset({tokenizer.eos_token_id}))
-    rows = _queries(tokenizer)[:8]
-    expected = _run(get_decoder("greedy"), model, rows, stop, 0)
-    got = _run(_decoder(name, model), model, rows, stop, 0)
-    assert got.tokens == expected.tokens
+    for row in _queries(tokenizer)[:8]:
+        expected = _run(get_decoder("greedy"), model, [row], stop, 0)
+        got = _run(_decoder(name, model), model, [row], stop, 0)
+        assert got.tokens == expected.tokens
 
 
 @pytest.mark.slow
@@ -136,7 +141,7 @@ def test_speculative_without_a_draft_model_is_a_clear_error() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["jacobi", "gs_jacobi", "anpd", "copy"])
+@pytest.mark.parametrize("name", ["jacobi", "gs_jacobi", "anpd", "lookahead", "copy"])
 def test_engine_backends_give_the_greedy_entities(en_engine, name: str) -> None:
     texts = TEXTS[:5]
     for strategy in ("padellm", "ar"):
