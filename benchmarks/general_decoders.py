@@ -1,11 +1,12 @@
 """The lossless decoders of ``general_decoding`` against greedy decoding, in one run.
 
-On CoNLL-03 dev sentences, the shipped model decodes the AR baseline's query and the
-PaDeLLM mention step with each decoder; per decoder: forward passes, tokens per forward,
-wall-clock speed-up over greedy (same sentences, interleaved) and whether every output is
+Three tasks on CoNLL-03 dev sentences: (a) ``ar_ner``, the shipped model's AR query;
+(b) ``mention``, a PaDeLLM mention query; (c) ``continuation``, free continuation of the
+sentence by the SmolLM2 base. Per decoder and task: wall-clock speed-up over greedy (same
+prompts, interleaved), tokens per forward, forward passes, and whether every output is
 identical to greedy's.
 
-Usage: python benchmarks/decoders.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
+Usage: python benchmarks/general_decoders.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.reporting import bar_plots, print_table, write_json  # noqa: E402
 from general_decoding import StopCriteria, get_decoder  # noqa: E402
 from ner_service.engine import NEREngine, prompts  # noqa: E402
+from ner_service.engine.model_loading import load_causal_lm  # noqa: E402
 from training.data import read_corpus  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DECODERS = ("greedy", "jacobi", "gs_jacobi", "anpd", "lookahead", "copy")
+CONTINUATION_TOKENS = 48
 
 
 def queries(engine: NEREngine, text: str, mentions: dict[str, int]) -> dict[str, list[int]]:
-    """The AR query and one mention query (first label with a mention, else PER) for ``text``."""
+    """The AR query, one mention query (first label with a mention, else PER) and the plain text."""
     tokenizer = engine.ner_model.tokenizer
     prefix = tokenizer(prompts.prefix(text)).input_ids
     label = next((lab for lab, n in mentions.items() if n), "PER")
@@ -39,21 +42,24 @@ def queries(engine: NEREngine, text: str, mentions: dict[str, int]) -> dict[str,
     return {
         "ar": prefix + tokenizer(prompts.ar_query(), add_special_tokens=False).input_ids,
         "mention": prefix + tokenizer(prompts.mention_query(label, count, 1), add_special_tokens=False).input_ids,
+        "continuation": tokenizer(text).input_ids,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=50, help="number of dev sentences (default %(default)s)")
-    parser.add_argument("--json", default="benchmarks/results/decoders.json")
+    parser.add_argument("--json", default="benchmarks/results/general_decoders.json")
     parser.add_argument("--model", default="en-conll03")
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
     args = parser.parse_args()
 
     engine = NEREngine.load(args.model)
-    model, tokenizer = engine.ner_model.model, engine.ner_model.tokenizer
+    base = load_causal_lm(engine.ner_model.config.base)[0]
+    models = {"ar": engine.ner_model.model, "mention": engine.ner_model.model, "continuation": base}
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
-    limits = {"ar": engine.ner_model.config.max_ar_tokens, "mention": engine.ner_model.config.max_mention_tokens}
+    limits = {"ar": engine.ner_model.config.max_ar_tokens, "mention": engine.ner_model.config.max_mention_tokens,
+              "continuation": CONTINUATION_TOKENS}
     decoders = {name: get_decoder(name) for name in DECODERS}
     seconds = {(d, q): 0.0 for d in DECODERS for q in limits}
     forwards = {(d, q): 0 for d in DECODERS for q in limits}
@@ -63,6 +69,7 @@ def main() -> None:
         rows = queries(engine, example.text, {lab: len(example.mentions(lab)) for lab in engine.labels})
         for kind, row in rows.items():
             stop = StopCriteria(limits[kind], frozenset({engine.ner_model.eos_token_id}))
+            model = models[kind]
             reference = None
             for name, decoder in decoders.items():  # interleaved: noise hits every decoder alike
                 began = time.perf_counter()
@@ -76,17 +83,17 @@ def main() -> None:
     for kind in limits:
         for name in DECODERS:
             results.append({
-                "query": kind, "decoder": name,
+                "task": {"ar": "ar_ner"}.get(kind, kind), "decoder": name,
                 "speedup": seconds["greedy", kind] / seconds[name, kind],
                 "tokens_per_forward": emitted[name, kind] / forwards[name, kind],
                 "forward_passes": forwards[name, kind],
                 "ms_per_query": 1000 * seconds[name, kind] / len(examples),
-                "identical": identical[name, kind],
+                "identical_to_greedy": identical[name, kind],
             })
-    print(f"\n{args.model} on {len(examples)} sentences, batch 1, float32, {torch.get_num_threads()} threads")
-    print_table(results, ["query", "decoder", "speedup", "tokens_per_forward", "forward_passes", "ms_per_query", "identical"])
+    print(f"\n{args.model} (tasks a, b) and its base (task c) on {len(examples)} sentences, batch 1, float32, {torch.get_num_threads()} threads")
+    print_table(results, ["task", "decoder", "speedup", "tokens_per_forward", "forward_passes", "ms_per_query", "identical_to_greedy"])
     path = write_json(args.json, {"benchmark": "decoders", "model": args.model, "n_sentences": len(examples), "results": results})
-    labels = [f"{r['query']}/{r['decoder']}" for r in results]
+    labels = [f"{r['task']}/{r['decoder']}" for r in results]
     png = bar_plots(path.with_suffix(".png"), labels, {
         "speed-up over greedy": [r["speedup"] for r in results],
         "tokens per forward": [r["tokens_per_forward"] for r in results],
