@@ -49,6 +49,28 @@ class RowState:
         self.done = len(self.tokens) >= stop.max_new_tokens
 
 
+def prefill(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    cache: Cache,
+    stop: StopCriteria,
+    context_ids: list[list[int]] | None,
+) -> list[RowState]:
+    """Run the uncached prompt into ``cache`` and emit each row's first (greedy) token."""
+    new_columns = attention_mask[:, -input_ids.shape[1]:].bool()
+    contexts = context_ids or [[] for _ in range(input_ids.shape[0])]
+    states = [RowState(list(c) + ids[keep].tolist()) for c, ids, keep in zip(contexts, input_ids.cpu(), new_columns.cpu())]
+    positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1]:]
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+    first = logprobs.argmax(-1)
+    for state, token, lp in zip(states, first.tolist(), logprobs.gather(-1, first[:, None])[:, 0].tolist()):
+        state.emit(token, lp, stop)
+    return states
+
+
 class DraftVerifyDecoder(Decoder):
     """Greedy-exact decoding that verifies ``max_draft`` drafted tokens per forward."""
 
@@ -67,6 +89,10 @@ class DraftVerifyDecoder(Decoder):
     def start(self, states: list[RowState]) -> None:
         """Hook: called once per :meth:`generate` before the first draft."""
 
+    def details(self) -> dict[str, list[int]]:
+        """Hook: decoder-specific counts for :attr:`Generation.details`."""
+        return {}
+
     def _generate(
         self,
         model: PreTrainedModel,
@@ -77,17 +103,8 @@ class DraftVerifyDecoder(Decoder):
         context_ids: list[list[int]] | None,
     ) -> Generation:
         cache = past_key_values if past_key_values is not None else DynamicCache()
-        new_columns = attention_mask[:, -input_ids.shape[1]:].bool()
-        contexts = context_ids or [[] for _ in range(input_ids.shape[0])]
-        states = [RowState(list(c) + ids[keep].tolist()) for c, ids, keep in zip(contexts, input_ids.cpu(), new_columns.cpu())]
+        states = prefill(model, input_ids, attention_mask, cache, stop, context_ids)
         self.start(states)
-        positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1]:]
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-        last = logprobs.argmax(-1)
-        for state, token, lp in zip(states, last.tolist(), logprobs.gather(-1, last[:, None])[:, 0].tolist()):
-            state.emit(token, lp, stop)
         forwards, accepted_per_pass = 1, [len(states)]
         mask = attention_mask
         while not all(s.done for s in states):
@@ -131,7 +148,7 @@ class DraftVerifyDecoder(Decoder):
             valid = torch.arange(keep, device=mask.device)[None, :] < torch.tensor(kept, device=mask.device)[:, None]
             mask = torch.cat([mask, valid.long()], dim=1)
         return Generation([s.tokens for s in states], [s.logprobs for s in states], [s.score for s in states],
-                          [s.stopped for s in states], forwards, accepted_per_pass)
+                          [s.stopped for s in states], forwards, accepted_per_pass, self.details())
 
 
 def longest_suffix_match(history: list[int], source: list[int], max_n: int, min_n: int = 1) -> int | None:

@@ -50,10 +50,8 @@ class JacobiDecoder(DraftVerifyDecoder):
             self._iterations[row].append(0)
             self._guesses[row] = []
 
-    def _generate(self, *args, **kwargs):
-        generation = super()._generate(*args, **kwargs)
-        generation.details["iterations_per_block"] = [n for row in self._iterations for n in row if n]
-        return generation
+    def details(self) -> dict[str, list[int]]:
+        return {"iterations_per_block": [n for row in self._iterations for n in row if n]}
 
 
 @register_decoder("gs_jacobi")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
-from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
-from general_decoding.draft_verify import RowState
+from general_decoding.base import Decoder, Generation, StopCriteria
+from general_decoding.draft_verify import prefill
 from general_decoding.kv_cache import keep_columns
 from general_decoding.registry import register_decoder
 
@@ -40,14 +40,7 @@ class LookaheadDecoder(Decoder):
     ) -> Generation:
         device = input_ids.device
         cache = past_key_values if past_key_values is not None else DynamicCache()
-        prompt = input_ids[0][attention_mask[0, -input_ids.shape[1]:].bool()].tolist()
-        state = RowState((context_ids[0] if context_ids else []) + prompt)
-        positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1]:]
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        first = int(logprobs.argmax())
-        state.emit(first, float(logprobs[first]), stop)
+        (state,) = prefill(model, input_ids, attention_mask, cache, stop, context_ids)
         forwards, accepted_per_pass = 1, [1]
         pool: dict[int, list[tuple[int, ...]]] = {}
         guesses = (state.history[-self.window:] * self.window)[: self.window]  # any start works
