@@ -12,7 +12,7 @@ from general_decoding.registry import (
     register_decoder,
 )
 # importing a decoder module registers its decoders
-from general_decoding import copy_draft, greedy, jacobi, lookahead, ngram, speculative  # noqa: F401,E402
+from general_decoding import copy_draft, greedy, jacobi, lexical_units, lookahead, ngram, one_sequence, speculative  # noqa: F401,E402
 
 __all__ = [
     "Decoder",

@@ -60,6 +60,8 @@ class Decoder(ABC):
 
     name: str = ""
     supports_batch: bool = True
+    #: rows are branches over one shared ``past_key_values`` of batch size 1 (see one_sequence)
+    shares_cache: bool = False
 
     def generate(
         self,

@@ -66,3 +66,39 @@ def collate_trees(
     mask = torch.zeros((batch, 1, length, length), dtype=dtype)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     return input_ids, position_ids, mask
+
+
+def parents_of(tree: PackedTree) -> list[int]:
+    """Each token's parent (the token it follows; -1 for the first) in a packed tree."""
+    parents, previous_in_branch = [], {PREFIX: -1}
+    last_prefix = -1
+    for index, branch in enumerate(tree.branch_of):
+        if branch == PREFIX:
+            parents.append(index - 1)
+            last_prefix = index
+        else:
+            parents.append(previous_in_branch.get(branch, last_prefix))
+        previous_in_branch[branch] = index
+    return parents
+
+
+def collate_parent_trees(
+    rows: list[tuple[list[int], list[int]]], pad_token_id: int, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Like :func:`collate_trees` for general trees given as ``(input_ids, parents)``: a token
+    sees its ancestors and itself, and its position is its depth."""
+    length = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), length), dtype=torch.long)
+    allowed = torch.eye(length, dtype=torch.bool).repeat(len(rows), 1, 1)
+    for row, (ids, parents) in enumerate(rows):
+        depth = [0] * len(ids)
+        for i, parent in enumerate(parents):
+            if parent >= 0:
+                allowed[row, i] |= allowed[row, parent]
+                depth[i] = depth[parent] + 1
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        position_ids[row, : len(ids)] = torch.tensor(depth)
+    mask = torch.zeros((len(rows), 1, length, length), dtype=dtype)
+    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    return input_ids, position_ids, mask

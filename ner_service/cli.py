@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from general_decoding import available_decoders
 
 #: Modules that add sub-commands: each defines ``register(subparsers)``.
-COMMAND_MODULES: list[str] = ["pipeline.cli", "ner_service.api.cli"]
+COMMAND_MODULES: list[str] = ["pipeline.cli", "ner_service.api.cli", "training.diffusion_cli", "training.char_cli", "training.lud_cli"]
 
 
 def _engine(args: argparse.Namespace):
@@ -73,7 +73,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = TrainConfig(
         base=args.base, train=args.train, dev=args.dev, output=args.output, name=args.name, language=args.language,
         labels=_labels(args), formats=args.formats.split(","), full=args.full, lora_r=args.lora_r, lora_alpha=args.lora_alpha, lr=args.lr,
-        epochs=args.epochs, max_steps=args.max_steps, batch_tokens=args.batch_tokens, limit=args.limit,
+        epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, limit=args.limit,
         eval_limit=args.eval_limit, eval_batch_size=args.eval_batch_size, seed=args.seed, device=args.device, dtype=args.dtype, resume=args.resume,
     )
     summary = train(config)
@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--lr", type=float, default=8e-4)
     trainer.add_argument("--epochs", type=float, default=1.0)
     trainer.add_argument("--max-steps", type=int, default=None)
+    trainer.add_argument("--max-minutes", type=float, default=None, help="stop after this many minutes of training steps")
     trainer.add_argument("--batch-tokens", type=int, default=2048)
     trainer.add_argument("--limit", type=int, default=None, help="use the first N training texts")
     trainer.add_argument("--eval-limit", type=int, default=200, help="dev texts scored after each epoch")

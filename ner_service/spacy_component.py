@@ -2,8 +2,9 @@
 
 Registered through the ``spacy_factories`` entry point of the package, so it works in any pipeline
 (``spacy.blank("en")``, ``spacy.blank("zh")``...) once the package is installed. Each entity's
-log-probability is kept in ``span._.padellm_score`` and the cost of the engine batch in
-``doc._.padellm_stats``. ``nlp.pipe`` runs one ``engine.extract`` call per batch of ``batch_size`` docs.
+probability is kept in ``span._.padellm_score`` and the cost of the engine batch in
+``doc._.padellm_stats``. ``nlp.pipe`` runs one engine batch per ``batch_size`` docs (the config's
+``batch_size`` bounds it: a larger ``nlp.pipe(batch_size=...)`` does not raise it).
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ from spacy.tokens import Doc, Span
 from spacy.util import filter_spans, minibatch
 
 from general_decoding import available_decoders
-from ner_service.engine import DEFAULT_MODEL, STRATEGIES, Extraction, NEREngine, NERModelConfig
+from ner_service.engine import STRATEGIES, Extraction, NEREngine, NERModel, NERModelConfig, default_model_for_language
 from ner_service.engine.ner_model import resolve_ner_model
 
 FACTORY = "padellm_ner"
 SCORE_EXTENSION = "padellm_score"
 STATS_EXTENSION = "padellm_stats"
 CONFIG_FILE = "padellm_ner.json"
+AUTO_MODEL = "auto"  # the shipped default model of the pipeline's language
 
-_engines: dict[str, NEREngine] = {}
-_engines_lock = threading.Lock()
+_models: dict[str, NERModel] = {}
+_models_lock = threading.Lock()
 
 if not Span.has_extension(SCORE_EXTENSION):
     Span.set_extension(SCORE_EXTENSION, default=None)
@@ -35,12 +37,12 @@ if not Doc.has_extension(STATS_EXTENSION):
     Doc.set_extension(STATS_EXTENSION, default=None)
 
 
-def _engine(model: str) -> NEREngine:
-    """The process-wide engine of ``model``, loaded on first use."""
-    with _engines_lock:
-        if model not in _engines:
-            _engines[model] = NEREngine.load(model)
-        return _engines[model]
+def _model(name: str) -> NERModel:
+    """The process-wide model ``name``, loaded on first use (components of the same model share its weights)."""
+    with _models_lock:
+        if name not in _models:
+            _models[name] = NERModel.load(name)
+        return _models[name]
 
 
 class PaDeLLMNER:
@@ -64,6 +66,7 @@ class PaDeLLMNER:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
         self.model, self.requested_labels, self.decoder, self.backend, self.batch_size = model, labels, decoder, backend, batch_size
         self._model_labels = list(known)
+        self._engine: NEREngine | None = None
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -72,14 +75,17 @@ class PaDeLLMNER:
 
     @property
     def engine(self) -> NEREngine:
-        return _engine(self.model)
+        """The engine on the shared model, batching at most ``batch_size`` texts per forward batch."""
+        if self._engine is None:
+            self._engine = NEREngine(_model(self.model), max_batch_texts=self.batch_size)
+        return self._engine
 
     def __call__(self, doc: Doc) -> Doc:
         return next(self.pipe([doc]))
 
     def pipe(self, stream: Iterable[Doc], batch_size: int | None = None) -> Iterator[Doc]:
-        """Annotate ``stream``: one ``engine.extract`` call per batch of docs."""
-        for batch in minibatch(stream, size=batch_size or self.batch_size):
+        """Annotate ``stream``: one engine batch per ``min(batch_size, self.batch_size)`` docs."""
+        for batch in minibatch(stream, size=min(batch_size or self.batch_size, self.batch_size)):
             extractions = self.engine.extract([doc.text for doc in batch], labels=self.requested_labels, decoder=self.decoder, backend=self.backend)
             for doc, extraction in zip(batch, extractions):
                 self.set_entities(doc, extraction)
@@ -95,7 +101,9 @@ class PaDeLLMNER:
             span = doc.char_span(entity.start, entity.end, label=entity.label, alignment_mode="expand")
             if span is not None:
                 candidates.append((span, entity.score))
-        scores = {(span.start, span.end, span.label_): score for span, score in candidates}
+        scores: dict[tuple[int, int, str], float] = {}
+        for span, score in candidates:  # the highest score of the spans that expand to the same tokens
+            scores.setdefault((span.start, span.end, span.label_), score)
         # filter_spans sorts stably: among spans of the same tokens the first, highest-scored, one wins
         doc.ents = filter_spans(span for span, _ in candidates)
         for span in doc.ents:
@@ -118,11 +126,14 @@ class PaDeLLMNER:
 
 @Language.factory(
     FACTORY,
-    default_config={"model": DEFAULT_MODEL, "labels": None, "decoder": "padellm", "backend": "greedy", "batch_size": 16},
+    default_config={"model": AUTO_MODEL, "labels": None, "decoder": "padellm", "backend": "greedy", "batch_size": 16},
     assigns=["doc.ents"],
 )
 def make_padellm_ner(
     nlp: Language, name: str, model: str, labels: list[str] | None, decoder: str, backend: str, batch_size: int
 ) -> PaDeLLMNER:
-    """spaCy factory of :class:`PaDeLLMNER` (config: model, labels, decoder, backend, batch_size)."""
+    """spaCy factory of :class:`PaDeLLMNER` (config: model, labels, decoder, backend, batch_size);
+    model ``"auto"`` is the shipped default for the pipeline's language (``spacy.blank("zh")`` → zh-resume)."""
+    if model == AUTO_MODEL:
+        model = default_model_for_language(nlp.lang)
     return PaDeLLMNER(nlp, name, model, labels, decoder, backend, batch_size)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Annotated, Literal
 
 import redis.exceptions
+from annotated_types import Ge, Le
 from fastapi import APIRouter, Depends, HTTPException, Response, status
 from kombu.exceptions import OperationalError as BrokerError
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -21,6 +22,8 @@ from pipeline.model_version import DEFAULT_DECODER, model_version_of_path
 
 log = logging.getLogger(__name__)
 MAX_DOCUMENTS_PER_REQUEST = 10_000
+#: A row id as the database stores it (a 32-bit INTEGER): larger numbers are a 422, not a database error.
+RowId = Annotated[int, Ge(1), Le(2**31 - 1)]
 
 router = APIRouter(prefix="/v1", tags=["batch jobs"])
 
@@ -56,8 +59,8 @@ class JobRequest(BaseModel):
     """Documents inline or by id (exactly one of the two), and the decoding strategy."""
 
     documents: list[DocumentIn] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST)
-    document_ids: list[int] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST)
-    decoder: Literal["padellm", "ar"] = DEFAULT_DECODER
+    document_ids: list[RowId] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST)
+    decoder: Literal["padellm", "ar", "fast_dllm"] = DEFAULT_DECODER
 
     @model_validator(mode="after")
     def _one_source(self) -> "JobRequest":
@@ -111,7 +114,7 @@ def submit_job(request: JobRequest, session: SessionDep, response: Response) -> 
 
 
 @router.get("/jobs/{job_id}")
-def get_job(job_id: int, session: SessionDep) -> dict:
+def get_job(job_id: RowId, session: SessionDep) -> dict:
     """A job's status and progress (``processed`` + ``failed`` of ``total``)."""
     try:
         return service.job_status(session, job_id)
@@ -120,7 +123,7 @@ def get_job(job_id: int, session: SessionDep) -> dict:
 
 
 @router.get("/documents/{document_id}/entities")
-def get_document_entities(document_id: int, session: SessionDep, model_version: str | None = None) -> dict:
+def get_document_entities(document_id: RowId, session: SessionDep, model_version: str | None = None) -> dict:
     """A document's entities for ``model_version`` (default: its latest results)."""
     found = service.document_entities(session, document_id, model_version)
     if found is None:

@@ -9,6 +9,9 @@ from celery.schedules import crontab
 
 from ner_service.settings import get_settings
 
+#: Seconds a new pool process may take to load the NER model before Celery gives up on it.
+WORKER_PROC_ALIVE_TIMEOUT_S = 600.0
+
 
 def parse_cron(expression: str) -> crontab:
     """A Celery crontab from a 5-field cron string (minute hour day-of-month month day-of-week)."""
@@ -34,6 +37,8 @@ def create_app() -> Celery:
         task_reject_on_worker_lost=True,
         task_ignore_result=True,  # job state lives in the database
         worker_prefetch_multiplier=1,
+        # pool processes load the engine in worker_process_init before reporting up (Celery's default wait is 4 s)
+        worker_proc_alive_timeout=WORKER_PROC_ALIVE_TIMEOUT_S,
         broker_connection_retry_on_startup=True,
         # a chunk left unacknowledged by a dead worker is delivered again after `visibility` seconds
         broker_transport_options={

@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = actions.add_parser("run", help="process pending documents in this process (no broker needed)")
     run.add_argument("--limit", type=int, default=None, help="at most N documents")
     run.add_argument("--chunk-size", type=int, default=None, help="documents per engine call (default: PIPELINE_CHUNK_SIZE)")
-    run.add_argument("--decoder", choices=("padellm", "ar"), default="padellm")
+    run.add_argument("--decoder", choices=("padellm", "ar", "fast_dllm"), default="padellm")
     run.set_defaults(func=cmd_jobs_run)
     status = actions.add_parser("status", help="one job's status (JSON), or the latest jobs")
     status.add_argument("job_id", nargs="?", type=int)

@@ -7,7 +7,7 @@ tree (:mod:`general_decoding.tree_attention`). Loss is taken on answer tokens on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -32,24 +32,32 @@ class TrainingRow:
         return sum(t != IGNORE for t in self.targets)
 
 
-def query_answer_pairs(example: Example, labels: Sequence[str], formats: Sequence[str]) -> list[tuple[str, str]]:
-    """The (query, answer) strings of one text in the requested formats."""
+def query_answer_pairs(
+    example: Example, labels: Sequence[str], formats: Sequence[str], names: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """The (query, answer) strings of one text in the requested formats; ``names`` maps a label
+    to how prompts write it (the label itself when absent)."""
+    names = names or {}
     pairs: list[tuple[str, str]] = []
     if "padellm" in formats:
         for label in labels:
-            mentions = example.mentions(label)
-            pairs.append((prompts.count_query(label), prompts.count_answer(len(mentions))))
+            mentions, shown = example.mentions(label), names.get(label, label)
+            pairs.append((prompts.count_query(shown), prompts.count_answer(len(mentions))))
             for k, mention in enumerate(mentions, start=1):
-                pairs.append((prompts.mention_query(label, len(mentions), k), prompts.mention_answer(mention)))
+                pairs.append((prompts.mention_query(shown, len(mentions), k), prompts.mention_answer(mention)))
     if "ar" in formats:
         wanted = set(labels)
-        ordered = [(s.label, example.text[s.start:s.end]) for s in example.spans if s.label in wanted]
+        ordered = [(names.get(s.label, s.label), example.text[s.start:s.end]) for s in example.spans if s.label in wanted]
         pairs.append((prompts.ar_query(), prompts.ar_answer(ordered)))
     return pairs
 
 
 def build_row(
-    example: Example, labels: Sequence[str], tokenizer: PreTrainedTokenizerBase, formats: Sequence[str] = FORMATS
+    example: Example,
+    labels: Sequence[str],
+    tokenizer: PreTrainedTokenizerBase,
+    formats: Sequence[str] = FORMATS,
+    names: Mapping[str, str] | None = None,
 ) -> TrainingRow:
     """Pack all of ``example``'s queries behind its prefix."""
     unknown = set(formats) - set(FORMATS)
@@ -58,7 +66,7 @@ def build_row(
     eos = tokenizer.eos_token_id
     prefix = tokenizer(prompts.prefix(example.text)).input_ids
     branches, answer_starts = [], []
-    for query, answer in query_answer_pairs(example, labels, formats):
+    for query, answer in query_answer_pairs(example, labels, formats, names):
         query_ids = tokenizer(query, add_special_tokens=False).input_ids
         answer_ids = tokenizer(answer, add_special_tokens=False).input_ids + [eos]
         branches.append(query_ids + answer_ids)

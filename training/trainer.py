@@ -40,6 +40,7 @@ class TrainConfig:
     name: str = "padellm-ner"
     dev: str | None = None
     labels: list[str] | None = None
+    label_names: dict[str, str] = field(default_factory=dict)
     language: str = "en"
     formats: list[str] = field(default_factory=lambda: list(FORMATS))
     full: bool = False
@@ -50,6 +51,7 @@ class TrainConfig:
     warmup_steps: int = 30
     epochs: float = 1.0
     max_steps: int | None = None
+    max_minutes: float | None = None
     batch_tokens: int = 2048
     limit: int | None = None
     eval_limit: int | None = 200
@@ -125,7 +127,7 @@ def _save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.opti
 def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTokenizerBase) -> NERModelConfig:
     return NERModelConfig(
         name=config.name, labels=labels, base=SELF_CONTAINED if config.full else config.base, language=config.language,
-        eos_token=tokenizer.eos_token,
+        eos_token=tokenizer.eos_token, label_names=dict(config.label_names),
     )
 
 
@@ -152,7 +154,7 @@ def train(config: TrainConfig) -> dict:
     dev_examples = read_corpus(config.dev)[: config.eval_limit] if config.dev else []
     labels = config.labels or labels_of(train_examples)
     model, tokenizer = _prepare_model(config)
-    rows = [build_row(e, labels, tokenizer, config.formats) for e in tqdm(train_examples, desc="build rows", unit="text")]
+    rows = [build_row(e, labels, tokenizer, config.formats, config.label_names) for e in tqdm(train_examples, desc="build rows", unit="text")]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps_per_epoch = len(_batches(rows, config.batch_tokens, config.seed))
     total_steps = config.max_steps or max(1, math.ceil(steps_per_epoch * config.epochs))
@@ -176,7 +178,12 @@ def train(config: TrainConfig) -> dict:
         log.info("resumed from step %d", state["step"])
     bar = tqdm(total=total_steps, initial=state["step"], desc="train", unit="step")
     epoch = state["step"] // steps_per_epoch
-    while state["step"] < total_steps:
+
+    def finished() -> bool:
+        out_of_time = config.max_minutes is not None and state["seconds"] >= 60 * config.max_minutes
+        return state["step"] >= total_steps or out_of_time
+
+    while not finished():
         batches = _batches(rows, config.batch_tokens, config.seed + epoch)
         for batch in batches[state["step"] - epoch * steps_per_epoch:]:
             began = time.perf_counter()
@@ -193,7 +200,7 @@ def train(config: TrainConfig) -> dict:
             bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{state['tokens'] / state['seconds']:.0f}")
             if state["step"] % config.save_every == 0:
                 _save_checkpoint(output / "checkpoint", model, optimizer, scheduler, state)
-            if state["step"] >= total_steps:
+            if finished():
                 break
         epoch += 1
         if dev_examples:

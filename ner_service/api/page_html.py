@@ -1,7 +1,8 @@
 """The entity-highlighting page served at ``/``: one self-contained HTML document (inline CSS and JS, no CDN).
 
 It reads the models and labels from ``/v1/models``, posts to ``/v1/entities`` and highlights the
-entities by label, with a legend and the timing. User text is only ever inserted as DOM text nodes.
+entities by label, with a legend of the requested labels (entities found per label) and the timing.
+User text is only ever inserted as DOM text nodes.
 """
 
 PAGE = """<!doctype html>
@@ -115,7 +116,7 @@ async function loadModels() {
   } catch (error) { showError("Could not list the models: " + error.message); }
 }
 
-function render(text, entities, labels) {
+function render(text, entities, labels, asked) {
   const result = $("result");
   result.replaceChildren();
   let at = 0;
@@ -139,8 +140,9 @@ function render(text, entities, labels) {
   result.append(document.createTextNode(text.slice(at)));
   const legend = $("legend");
   legend.replaceChildren();
-  for (const label of labels) {
+  for (const label of asked) {
     const swatch = document.createElement("span");
+    swatch.dataset.label = label;
     swatch.textContent = label + " (" + entities.filter((e) => e.label === label).length + ")";
     swatch.style.background = colour(labels, label);
     legend.append(swatch);
@@ -159,7 +161,7 @@ $("form").addEventListener("submit", async (event) => {
   try {
     const answer = await call("/v1/entities", {method: "POST", body: JSON.stringify({text, labels, decoder: $("decoder").value, model: $("model").value})});
     const result = answer.results[0];
-    render(text, result.entities, currentModel().labels);
+    render(text, result.entities, currentModel().labels, answer.labels);
     $("timing").textContent = result.entities.length + " entities in " + answer.elapsed_ms.toFixed(1) + " ms (engine " +
       result.stats.latency_ms.toFixed(1) + " ms, " + result.stats.forward_passes + " forward passes, " + answer.decoder + ", " + answer.model + ")";
     showError("");

@@ -26,9 +26,10 @@ class EntitiesRequest(BaseModel):
     text: str | None = Field(None, description="one text")
     texts: list[str] | None = Field(None, min_length=1, description="several texts, answered in order")
     labels: list[str] | None = Field(None, min_length=1, description="a subset of the model's labels (default: all)")
-    decoder: Literal["padellm", "ar"] = Field("padellm", description="label-wise parallel decoding or the autoregressive baseline")
+    decoder: Literal["padellm", "ar", "fast_dllm"] = Field("padellm", description="label-wise parallel decoding, the autoregressive baseline, or Fast-dLLM sampling of a masked-diffusion model")
     backend: str = Field("greedy", description="the token decoder (a registered general decoder)")
-    model: str | None = Field(None, description="a shipped model name (default: the server's NER_MODEL)")
+    model: str | None = Field(None, description="a shipped model name (default: the model of `language`, else the server's NER_MODEL)")
+    language: str | None = Field(None, min_length=2, max_length=16, description="the texts' language ('en', 'zh'): picks its default model when `model` is not given")
 
     @field_validator("text")
     @classmethod
@@ -57,7 +58,7 @@ class EntityOut(BaseModel):
     end: int
     text: str
     label: str
-    score: float = Field(description="log-probability of the mention")
+    score: float = Field(description="probability of the mention (exp of its sequence log-probability)")
 
 
 class StatsOut(BaseModel):

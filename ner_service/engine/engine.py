@@ -29,14 +29,15 @@ from transformers import Cache, DynamicCache
 
 from general_decoding import Decoder, Generation, StopCriteria, get_decoder
 from general_decoding.base import position_ids_from_mask
-from general_decoding.kv_cache import select_rows
+from general_decoding.diffusion import BlockDiffusionSampler
+from general_decoding.kv_cache import cache_bytes, select_rows
 from general_decoding.tree_attention import collate_trees, pack_branches
-from ner_service.engine import prompts
+from ner_service.engine import diffusion, prompts
 from ner_service.engine.chunking import chunk_spans
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
 from ner_service.engine.spans import Entity, Mention, align_mentions, resolve_label_conflicts
 
-STRATEGIES = ("padellm", "ar")
+STRATEGIES = ("padellm", "ar", "fast_dllm")
 
 
 class UnknownLabelError(ValueError):
@@ -52,6 +53,7 @@ class ExtractionStats:
     unmatched_mentions: int = 0
     latency_ms: float = 0.0
     batch_texts: int = 0
+    kv_cache_bytes: int = 0  # peak bytes of KV cache held while decoding (PaDeLLM's branches)
 
     def to_dict(self) -> dict[str, float | int]:
         return dict(self.__dict__)
@@ -83,10 +85,14 @@ class _Prefixes:
     tokens: list[list[int]]
     cache: Cache | None = None
     mask: torch.Tensor | None = None
+    #: per (window, label), the count query's tokens and their columns in ``cache``
+    count_branches: dict[tuple[int, str], tuple[list[int], list[int]]] = field(default_factory=dict)
 
 
 class NEREngine:
     """Extract entities with a loaded :class:`NERModel`; shared by CLI, API, spaCy and workers."""
+
+    diffusion_sampler: BlockDiffusionSampler | None = None  # decoder "fast_dllm"; None: diffusion.default_sampler()
 
     def __init__(self, ner_model: NERModel, max_window_tokens: int = 160, max_batch_texts: int = 16, share_prefix: bool = True) -> None:
         """``share_prefix=False`` re-encodes the text for every query, as the reference
@@ -151,7 +157,7 @@ class NEREngine:
         windows = self._windows(texts)
         mentions: list[list[Mention]] = [[] for _ in windows]
         if windows:
-            run = self._padellm if strategy == "padellm" else self._autoregressive
+            run = {"padellm": self._padellm, "ar": self._autoregressive, "fast_dllm": self._fast_dllm}[strategy]
             run(windows, labels, generator, mentions, stats)
         per_text: list[list[Entity]] = [[] for _ in texts]
         for window, found in zip(windows, mentions):
@@ -200,7 +206,7 @@ class NEREngine:
         sequence (tree attention). Returns the prefixes, with their KV cache kept for the next
         step, and the first answer token of each (window, label) count query."""
         prefixes = _Prefixes([self._prefix_tokens(w) for w in windows])
-        queries = [self._tokens(prompts.count_query(label)) for label in labels]
+        queries = [self._tokens(prompts.count_query(self.ner_model.config.prompt_name(label))) for label in labels]
         model = self.ner_model.model
         with torch.inference_mode():
             if not self.share_prefix:
@@ -217,6 +223,9 @@ class NEREngine:
                 columns = [len(p) + end - 1 for p in prefixes.tokens for end in ends]
                 logits = model.get_output_embeddings()(out.last_hidden_state[rows, columns])
                 prefixes.cache = out.past_key_values
+                for w, p in enumerate(prefixes.tokens):
+                    for label, query, end in zip(labels, queries, ends):
+                        prefixes.count_branches[w, label] = (query, list(range(len(p) + end - len(query), len(p) + end)))
                 width = ids.shape[1]
                 prefixes.mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prefixes.tokens], device=self._device())
         stats.forward_passes += 1
@@ -230,18 +239,37 @@ class NEREngine:
         generator: Decoder,
         max_new_tokens: int,
         stats: ExtractionStats,
+        seen: list[list[int]] | None = None,
     ) -> Generation:
-        """Decode one query per row, each behind the prefix of window ``owners[row]``."""
+        """Decode one query per row, each behind the prefix of window ``owners[row]`` and the
+        cached columns ``seen[row]`` (the count branch a mention query continues).
+
+        A decoder that ``shares_cache`` decodes each window's queries as branches of one
+        sequence over that window's prefix cache; the others get one row per query, each
+        row selecting its window's cached prefix."""
         stop = StopCriteria(max_new_tokens, self._stop_ids)
-        groups = [list(range(len(queries)))] if generator.supports_batch else [[i] for i in range(len(queries))]
+        if generator.shares_cache and prefixes.cache is not None:
+            groups = [[r for r in range(len(queries)) if owners[r] == w] for w in dict.fromkeys(owners)]
+        elif generator.supports_batch:
+            groups = [list(range(len(queries)))]
+        else:
+            groups = [[i] for i in range(len(queries))]
         merged = Generation([[] for _ in queries], [[] for _ in queries], [0.0] * len(queries), [False] * len(queries))
         for rows in groups:
             owner_rows = [owners[r] for r in rows]
             if prefixes.cache is not None and prefixes.mask is not None:
                 # cached columns outside this row's prefix (other branches, padding) are masked out
                 ids, query_mask = self._left_pad([queries[r] for r in rows])
-                mask = torch.cat([prefixes.mask[owner_rows].cpu(), query_mask], dim=1).to(self._device())
-                cache = select_rows(prefixes.cache, owner_rows)
+                if generator.shares_cache:
+                    cache = self._window_cache(prefixes, owner_rows[0])
+                    shared = torch.zeros(len(rows), cache.get_seq_length(), dtype=torch.long)
+                    shared[:, : prefixes.mask.shape[1]] = prefixes.mask[owner_rows[0]].cpu()
+                else:
+                    cache = select_rows(prefixes.cache, owner_rows)
+                    shared = prefixes.mask[owner_rows].cpu().clone()
+                for position, row in enumerate(rows):
+                    shared[position, (seen or [[]] * len(queries))[row]] = 1
+                mask = torch.cat([shared, query_mask], dim=1).to(self._device())
                 context = [prefixes.tokens[o] for o in owner_rows]  # what copy-style drafters read
             else:
                 ids, mask = self._left_pad([prefixes.tokens[o] + queries[r] for o, r in zip(owner_rows, rows)])
@@ -253,11 +281,23 @@ class NEREngine:
                 merged.token_logprobs[row] = out.token_logprobs[position]
                 merged.scores[row] = out.scores[position]
                 merged.stopped[row] = out.stopped[position]
+            held = [prefixes.cache] if prefixes.cache is not None else []
+            held += [cache] if cache is not None and cache is not prefixes.cache else []
+            stats.kv_cache_bytes = max(stats.kv_cache_bytes, sum(cache_bytes(c) for c in held))
             merged.forward_passes += out.forward_passes
             merged.accepted_per_pass.extend(out.accepted_per_pass)
         stats.forward_passes += merged.forward_passes
         stats.generated_tokens += sum(len(t) for t in merged.tokens)
         return merged
+
+    @staticmethod
+    def _window_cache(prefixes: _Prefixes, window: int) -> Cache:
+        """The cache holding window ``window``'s prefix once: the shared cache itself when it
+        holds that window alone (branches then extend it in place), else a copy of its row."""
+        assert prefixes.cache is not None
+        if prefixes.cache.layers[0].keys.shape[0] == 1:
+            return prefixes.cache
+        return select_rows(prefixes.cache, [window])
 
     def _padellm(
         self, windows: list[_Window], labels: list[str], generator: Decoder, mentions: list[list[Mention]], stats: ExtractionStats
@@ -292,12 +332,20 @@ class NEREngine:
         """Decode every (window, label, k) mention query, plus count continuations to confirm;
         return the mentions and the digits that continued a count."""
         rows = [(w, label, n, k) for (w, label), n in counts.items() for k in range(1, n + 1)]
-        queries = [self._tokens(prompts.mention_query(label, n, k)) for w, label, n, k in rows]
-        queries += [self._tokens(prompts.count_query(label)) + [token] for _, label, token in confirm]
-        if not queries:
+        shown = self.ner_model.config.prompt_name
+        full = [(w, label, self._tokens(prompts.mention_query(shown(label), n, k))) for w, label, n, k in rows]
+        full += [(w, label, self._tokens(prompts.count_query(shown(label))) + [token]) for w, label, token in confirm]
+        if not full:
             return [], {}
-        owners = [w for w, *_ in rows] + [w for w, *_ in confirm]
-        out = self._branch(prefixes, owners, queries, generator, self.ner_model.config.max_mention_tokens, stats)
+        queries, seen = [], []
+        for w, label, query in full:
+            # a query that starts with its label's count query continues that cached branch
+            cached, columns = prefixes.count_branches.get((w, label), ([], []))
+            reuse = bool(cached) and query[: len(cached)] == cached and len(query) > len(cached)
+            queries.append(query[len(cached):] if reuse else query)
+            seen.append(columns if reuse else [])
+        owners = [w for w, _, _ in full]
+        out = self._branch(prefixes, owners, queries, generator, self.ner_model.config.max_mention_tokens, stats, seen)
         decode = self.ner_model.tokenizer.decode
         found = [
             (w, Mention(label, prompts.parse_mention(decode(tokens, skip_special_tokens=True)), score))
@@ -309,6 +357,11 @@ class NEREngine:
             if digits:
                 continued[w, label] = digits
         return found, continued
+
+    def _fast_dllm(
+        self, windows: list[_Window], labels: list[str], generator: Decoder, mentions: list[list[Mention]], stats: ExtractionStats
+    ) -> None:
+        diffusion.extract_mentions(self, windows, labels, mentions, stats, self.diffusion_sampler)
 
     def _autoregressive(
         self, windows: list[_Window], labels: list[str], generator: Decoder, mentions: list[list[Mention]], stats: ExtractionStats
@@ -345,5 +398,5 @@ class NEREngine:
             carry = tail
             pair = prompts.parse_ar_line(head)
             if pair is not None:
-                parsed.append((pair[0], pair[1], logprob))
+                parsed.append((self.ner_model.config.label_of(pair[0]), pair[1], logprob))
         return parsed

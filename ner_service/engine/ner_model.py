@@ -21,6 +21,8 @@ CONFIG_FILE = "ner_model.json"
 log = logging.getLogger(__name__)
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped_models"
 DEFAULT_MODEL = "en-conll03"
+#: The shipped model that serves each language by default.
+DEFAULT_MODELS = {"en": DEFAULT_MODEL, "zh": "zh-resume"}
 SELF_CONTAINED = "."
 
 
@@ -36,6 +38,9 @@ class NERModelConfig:
     max_mention_tokens: int = 24
     max_ar_tokens: int = 192
     eos_token: str | None = None
+    label_names: dict[str, str] = field(default_factory=dict)
+    lud_placeholder: str | None = None  # set by `train-lud`: the placeholder token of lexical-unit decoding
+    lud_unit_size: int | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -43,6 +48,14 @@ class NERModelConfig:
         data = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+    def prompt_name(self, label: str) -> str:
+        """How ``label`` is written in prompts (``label_names``, e.g. NAME -> 人名; else the label)."""
+        return self.label_names.get(label, label)
+
+    def label_of(self, name: str) -> str:
+        """The label written as ``name`` in a prompt (inverse of :meth:`prompt_name`)."""
+        return next((label for label, shown in self.label_names.items() if shown == name), name)
 
     def write(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -52,6 +65,14 @@ class NERModelConfig:
 def shipped_model_names() -> list[str]:
     """Names of the models shipped with the package."""
     return sorted(p.parent.name for p in SHIPPED_DIR.glob(f"*/{CONFIG_FILE}"))
+
+
+def default_model_for_language(language: str) -> str:
+    """The shipped model name for ``language`` ("en", "zh"; a region such as "zh-CN" is ignored)."""
+    base = language.strip().lower().replace("_", "-").split("-")[0]
+    if base not in DEFAULT_MODELS:
+        raise ModelNotFoundError(f"no model for language {language!r}; languages: {', '.join(sorted(DEFAULT_MODELS))}")
+    return DEFAULT_MODELS[base]
 
 
 def resolve_ner_model(name_or_path: str | Path) -> Path:
@@ -86,13 +107,25 @@ class NERModel:
         else:
             from peft import PeftModel
 
-            base, tokenizer = load_causal_lm(config.base, dtype=dtype, device=device)
+            base, tokenizer = cls._load_base(config.base, dtype, device)
             model = PeftModel.from_pretrained(base, folder).merge_and_unload().eval()
         if config.eos_token and tokenizer.eos_token != config.eos_token:
             # tokenizer versions disagree on a GGUF's end token: answers end with the one trained on
             log.warning("end token %r of the base tokenizer replaced by %r, as trained", tokenizer.eos_token, config.eos_token)
             tokenizer.eos_token = config.eos_token
+        if config.lud_placeholder is not None:
+            model.config.lud_placeholder_id = tokenizer.convert_tokens_to_ids(config.lud_placeholder)
         return cls(model=model, tokenizer=tokenizer, config=config, path=folder)
+
+    @staticmethod
+    def _load_base(base: str, dtype: torch.dtype, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        """A base causal LM, or another NER model (merged) when an adapter is stacked on one."""
+        try:
+            stacked = resolve_ner_model(base)
+        except ModelNotFoundError:
+            return load_causal_lm(base, dtype=dtype, device=device)
+        inner = NERModel.load(stacked, dtype=dtype, device=device)
+        return inner.model, inner.tokenizer
 
     @property
     def eos_token_id(self) -> int:

@@ -63,9 +63,10 @@ BAD_REQUESTS = [
     pytest.param({"json": {"texts": []}}, 422, "at least 1", id="no texts"),
     pytest.param({"json": {"text": "a", "labels": []}}, 422, "at least 1", id="empty labels"),
     pytest.param({"json": {"text": "a", "labels": ["PER", "FOOD"]}}, 422, "unknown label(s) 'FOOD'", id="unknown label"),
-    pytest.param({"json": {"text": "a", "decoder": "beam"}}, 422, "'padellm' or 'ar'", id="unknown decoder"),
+    pytest.param({"json": {"text": "a", "decoder": "beam"}}, 422, "Input should be 'padellm'", id="unknown decoder"),
     pytest.param({"json": {"text": "a", "backend": "magic"}}, 422, "unknown backend 'magic'", id="unknown backend"),
     pytest.param({"json": {"text": "a", "model": "../etc"}}, 422, "unknown model '../etc'", id="unknown model"),
+    pytest.param({"json": {"text": "a", "language": "fr"}}, 422, "no model for language 'fr'", id="unknown language"),
     pytest.param({"json": {"text": "a", "colour": "red"}}, 422, "Extra inputs", id="unknown field"),
     pytest.param({"json": {"text": "x" * 101}}, 413, "at most 100", id="text too long"),
     pytest.param({"json": {"texts": ["a"] * 5}}, 413, "at most 4", id="too many texts"),
@@ -103,3 +104,14 @@ def test_a_real_entity_with_the_english_model(make_client) -> None:
     assert response.status_code == 200, response.text
     found = {(e["text"], e["label"]) for e in response.json()["results"][0]["entities"]}
     assert ("Angela Merkel", "PER") in found and ("Paris", "LOC") in found
+
+
+def test_language_picks_its_default_model_and_model_wins(client: TestClient) -> None:
+    text = "高勇，男，中国国籍，无境外居留权，"
+    response = client.post("/v1/entities", json={"text": text, "language": "zh"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "zh-resume" and set(body["labels"]) == set(NERModelConfig.read(resolve_ner_model("zh-resume")).labels)
+    for entity in body["results"][0]["entities"]:  # character offsets
+        assert text[entity["start"]:entity["end"]] == entity["text"]
+    assert client.post("/v1/entities", json={"text": "Peter", "language": "zh", "model": TINY}).json()["model"] == TINY

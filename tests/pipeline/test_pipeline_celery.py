@@ -1,6 +1,7 @@
 """Real Celery workers (prefork subprocesses) on PostgreSQL and a private redis-server: a worker
 SIGKILLed mid-batch and Redis restarted without persistence mid-job both end with every
-document's entities stored exactly once and exact counts."""
+document's entities stored exactly once and exact counts; beat's nightly schedule fires and
+its job completes."""
 
 from __future__ import annotations
 
@@ -143,6 +144,30 @@ def test_redis_restart_without_persistence_mid_job(workers: Workers, sessions, p
     assert f"job {job_id} stalled; requeueing" in workers.log_text()
 
 
+def test_beat_fires_the_nightly_run_over_pending_documents(workers: Workers, sessions, tiny_engine) -> None:
+    with sessions.begin() as session:
+        ids = service.add_documents(session, [service.NewDocument(t) for t in _texts()[:3]])
+    workers.env["NIGHTLY_CRON"] = "* * * * *"  # the next minute, instead of 02:00
+    workers.worker("nightly")
+    workers.start("beat", "--schedule", str(workers.logs / "beat-schedule"))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        with sessions() as session:
+            job = session.scalar(select(Job).where(Job.status == "completed"))
+        if job is not None:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"the nightly run did not complete a job in 240 s\n{workers.tail()}")
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Job)) == 1
+        assert (job.total, job.processed, job.failed, job.model_version) == (3, 3, 0, model_version(tiny_engine))
+        assert sorted(session.scalars(select(JobDocument.document_id).where(JobDocument.job_id == job.id))) == ids
+        assert session.scalar(select(func.count()).select_from(DocumentResult)) == 3
+    assert "Scheduler: Sending due task nightly-pending-documents (pipeline.nightly)" in workers.log_text()
+    assert f"nightly run: job {job.id} over 3 documents" in workers.log_text()
+
+
 def test_beat_schedule_comes_from_the_settings() -> None:
     nightly = app.conf.beat_schedule["nightly-pending-documents"]
     assert nightly["task"] == "pipeline.nightly" and nightly["schedule"] == parse_cron("0 2 * * *")
@@ -150,3 +175,4 @@ def test_beat_schedule_comes_from_the_settings() -> None:
     with pytest.raises(ValueError, match="5 fields"):
         parse_cron("0 2 * *")
     assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost and app.conf.worker_prefetch_multiplier == 1
+    assert app.conf.worker_proc_alive_timeout >= 60  # a pool process loads the model before it reports up

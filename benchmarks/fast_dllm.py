@@ -1,0 +1,160 @@
+"""Fast-dLLM against LLaDA's baseline sampler on the masked-diffusion NER model, in one run.
+
+Variants, each at every block size: ``baseline`` (fixed steps per block, one token per step,
+no cache), ``+cache`` (prefix or dual KV cache, same steps), ``+parallel`` (confidence
+threshold, or the factor rule, no cache) and ``+both`` (dual cache and threshold). All run
+through the engine (``decoder="fast_dllm"``) on the same CoNLL-03 dev batches, interleaved,
+so that load on the machine hits every variant alike. Per variant: span micro-F1,
+generated answer tokens per second, texts per second, forward passes per text and the
+speed-up over the baseline sampler of the same block size. Optionally the PaDeLLM model
+(en-conll03) is scored on the same texts for reference.
+
+Usage: python benchmarks/fast_dllm.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.reporting import print_table, write_json  # noqa: E402
+from general_decoding.diffusion import (  # noqa: E402
+    BlockDiffusionSampler,
+    FactorUnmasking,
+    ThresholdUnmasking,
+    llada_sampler,
+)
+from ner_service.engine import NEREngine  # noqa: E402
+from training.data import read_corpus  # noqa: E402
+from training.evaluate import evaluate_engine, span_f1  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+BLOCK_SIZES = (4, 8, 16)
+THRESHOLDS = (0.7, 0.8, 0.9, 0.95)
+FACTOR = 1.0
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One sampler configuration of the benchmark."""
+
+    variant: str
+    block_size: int
+    sampler: BlockDiffusionSampler
+    threshold: float | None = None
+    factor: float | None = None
+
+
+def variants() -> list[Variant]:
+    """Every configuration: baseline, +cache, +parallel, +both, over block sizes and thresholds."""
+    out = []
+    for size in BLOCK_SIZES:
+        baseline = llada_sampler(size)
+        out.append(Variant("baseline", size, baseline))
+        for cache in ("prefix", "dual"):
+            out.append(Variant(f"+cache ({cache})", size, BlockDiffusionSampler(size, baseline.unmasking, cache=cache)))
+        for threshold in THRESHOLDS:
+            out.append(Variant("+parallel", size, BlockDiffusionSampler(size, ThresholdUnmasking(threshold)), threshold=threshold))
+            out.append(Variant("+both", size, BlockDiffusionSampler(size, ThresholdUnmasking(threshold), cache="dual"), threshold=threshold))
+        out.append(Variant("+both (prefix)", size, BlockDiffusionSampler(size, ThresholdUnmasking(0.9), cache="prefix"), threshold=0.9))
+        out.append(Variant("+parallel (factor)", size, BlockDiffusionSampler(size, FactorUnmasking(FACTOR)), factor=FACTOR))
+        out.append(Variant("+both (factor)", size, BlockDiffusionSampler(size, FactorUnmasking(FACTOR), cache="dual"), factor=FACTOR))
+    return out
+
+
+def plot(path: Path, results: list[dict], reference_f1: float | None, title: str) -> Path:
+    """Speed-up over the baseline against F1, one marker per variant, one colour per block size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 5))
+    markers = {"baseline": "o", "+cache": "s", "+parallel": "^", "+both": "*"}
+    colours = dict(zip(BLOCK_SIZES, ["#4c72b0", "#dd8452", "#55a868"]))
+    for row in results:
+        kind = row["variant"].split(" ")[0]
+        axis.scatter(row["speedup"], row["f1"], marker=markers[kind], color=colours[row["block_size"]], s=70 if kind == "+both" else 40)
+    for kind, marker in markers.items():
+        axis.scatter([], [], marker=marker, color="grey", label=kind)
+    for size, colour in colours.items():
+        axis.scatter([], [], marker="o", color=colour, label=f"block {size}")
+    if reference_f1 is not None:
+        axis.axhline(reference_f1, color="#c44e52", linestyle="--", linewidth=1, label="PaDeLLM en-conll03")
+    axis.set_xscale("log")
+    axis.set_xlabel("speed-up over the baseline sampler (tokens/s ratio, log scale)")
+    axis.set_ylabel("span micro-F1")
+    axis.legend(fontsize=8, ncol=2)
+    axis.set_title(title, fontsize=10)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, default=200, help="number of dev sentences (default %(default)s)")
+    parser.add_argument("--json", default="benchmarks/results/fast_dllm.json")
+    parser.add_argument("--model", required=True, help="a diffusion NER model folder (padellm-ner train-diffusion)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--padellm", default="en-conll03", help="PaDeLLM model scored on the same texts ('' to skip)")
+    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
+    args = parser.parse_args()
+
+    engine = NEREngine.load(args.model)
+    examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
+    configs = variants()
+    seconds = [0.0] * len(configs)
+    tokens = [0] * len(configs)
+    forwards = [0] * len(configs)
+    predicted: list[list[list[tuple[int, int, str]]]] = [[] for _ in configs]
+    batches = [examples[i:i + args.batch_size] for i in range(0, len(examples), args.batch_size)]
+    for batch in tqdm(batches, desc="batches", unit="batch"):
+        texts = [e.text for e in batch]
+        for index, config in enumerate(configs):  # interleaved: noise hits every variant alike
+            engine.diffusion_sampler = config.sampler
+            began = time.perf_counter()
+            results = engine.extract(texts, decoder="fast_dllm")
+            seconds[index] += time.perf_counter() - began
+            tokens[index] += results[0].stats.generated_tokens
+            forwards[index] += results[0].stats.forward_passes
+            predicted[index].extend([(e.start, e.end, e.label) for e in r.entities] for r in results)
+    gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
+    baseline_speed = {c.block_size: tokens[i] / seconds[i] for i, c in enumerate(configs) if c.variant == "baseline"}
+    results = []
+    for index, config in enumerate(configs):
+        speed = tokens[index] / seconds[index]
+        results.append({
+            "variant": config.variant, "block_size": config.block_size, "threshold": config.threshold, "factor": config.factor,
+            "tokens_per_s": speed, "texts_per_s": len(examples) / seconds[index], "speedup": speed / baseline_speed[config.block_size],
+            "forwards_per_text": forwards[index] / len(examples), "f1": span_f1(gold, predicted[index])["micro_f1"],
+        })
+    reference = None
+    if args.padellm:
+        report = evaluate_engine(NEREngine.load(args.padellm), examples, decoder="padellm", batch_size=args.batch_size)
+        reference = {"model": args.padellm, "decoder": "padellm", "f1": report["micro_f1"], "texts_per_s": len(examples) / report["seconds"]}
+    print(f"\n{args.model} on {len(examples)} CoNLL-03 dev sentences, batches of {args.batch_size}, float32, "
+          f"{torch.get_num_threads()} threads; speed-up over the baseline sampler of the same block size")
+    print_table(results, ["variant", "block_size", "threshold", "factor", "tokens_per_s", "texts_per_s", "speedup", "forwards_per_text", "f1"])
+    if reference:
+        print(f"reference: {reference['model']} (PaDeLLM) F1 {reference['f1']:.2f} at {reference['texts_per_s']:.2f} texts/s on the same texts")
+    path = write_json(args.json, {"benchmark": "fast_dllm", "model": args.model, "n_sentences": len(examples),
+                                  "batch_size": args.batch_size, "threads": torch.get_num_threads(), "reference": reference,
+                                  "results": results})
+    png = plot(path.with_suffix(".png"), results, reference["f1"] if reference else None,
+               f"Fast-dLLM vs LLaDA baseline sampler, {args.model}, {len(examples)} CoNLL-03 dev sentences")
+    print(f"wrote {path} and {png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""Samplers for masked-diffusion LMs (any Hugging Face model run with bidirectional attention).
+
+:class:`BlockDiffusionSampler` covers LLaDA's baseline (fixed steps per block, low-confidence
+remasking, no cache) and Fast-dLLM (prefix or dual KV cache refreshed at block boundaries,
+confidence-threshold or factor-based parallel unmasking).
+"""
+
+from general_decoding.diffusion.layout import bidirectional_mask, block_bounds, left_pad_prompts
+from general_decoding.diffusion.sampler import BlockDiffusionSampler, DiffusionOutput, fast_dllm_sampler, llada_sampler
+from general_decoding.diffusion.unmasking import FactorUnmasking, FixedStepsUnmasking, ThresholdUnmasking, Unmasking
+
+__all__ = [
+    "BlockDiffusionSampler",
+    "DiffusionOutput",
+    "FactorUnmasking",
+    "FixedStepsUnmasking",
+    "ThresholdUnmasking",
+    "Unmasking",
+    "bidirectional_mask",
+    "block_bounds",
+    "fast_dllm_sampler",
+    "left_pad_prompts",
+    "llada_sampler",
+]

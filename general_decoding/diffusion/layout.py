@@ -1,0 +1,37 @@
+"""Sequence layout of a diffusion batch: left-padded prompts, aligned answers, full attention."""
+
+from __future__ import annotations
+
+import torch
+
+
+def left_pad_prompts(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[batch, width]`` ids and 0/1 mask with every prompt right-aligned, so that the
+    answers that follow start in the same column for every row."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt):] = 1
+    return ids, mask
+
+
+def bidirectional_mask(key_mask: torch.Tensor, dtype: torch.dtype, queries: int | None = None) -> torch.Tensor:
+    """Additive ``[batch, 1, queries, keys]`` mask: every query sees every non-padding key.
+
+    ``key_mask`` is the 0/1 ``[batch, keys]`` padding mask; ``queries`` defaults to all keys
+    (the last ``queries`` keys are the queries when a cache holds the others). Passing a 4D
+    mask makes a Hugging Face decoder non-causal: transformers uses a 4D mask as given.
+    """
+    queries = key_mask.shape[1] if queries is None else queries
+    blocked = (key_mask == 0)[:, None, None, :].expand(-1, 1, queries, -1)
+    return torch.zeros(blocked.shape, dtype=dtype).masked_fill(blocked, torch.finfo(dtype).min)
+
+
+def block_bounds(answer_start: int, answer_length: int, block_size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` columns of each block of the answer; the last block may be shorter."""
+    if block_size < 1 or answer_length < 1:
+        raise ValueError(f"block_size and answer_length must be >= 1, got {block_size} and {answer_length}")
+    end = answer_start + answer_length
+    return [(start, min(start + block_size, end)) for start in range(answer_start, end, block_size)]

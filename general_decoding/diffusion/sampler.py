@@ -1,0 +1,151 @@
+"""Block-wise semi-autoregressive sampling of a masked-diffusion LM, with or without a KV cache.
+
+The answer (``answer_length`` mask tokens after each left-padded prompt) is decoded block by
+block, left to right; inside a block, each step runs the model and an :class:`Unmasking`
+rule fills some masked positions with their most likely tokens. Caches (Fast-dLLM):
+
+* ``prefix``: at a block's first step the full sequence runs and the keys/values of the
+  columns before the block are kept; later steps of the block run the block and everything
+  after it against that cache;
+* ``dual``: the keys/values of the columns after the block are kept too, and later steps run
+  only the block.
+
+The cache is approximate (the cached columns would see the newly unmasked tokens); it is
+rebuilt at every block boundary, and every ``refresh_every`` steps when that is set
+(``refresh_every=1`` reproduces the uncached sampler exactly). Once a row has produced the
+end token, its later blocks are filled with end tokens without decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from general_decoding.diffusion.layout import bidirectional_mask, block_bounds, left_pad_prompts
+from general_decoding.diffusion.unmasking import FixedStepsUnmasking, ThresholdUnmasking, Unmasking
+from general_decoding.kv_cache import keep_columns, keep_first
+
+CACHE_MODES = ("none", "prefix", "dual")
+
+
+@dataclass
+class DiffusionOutput:
+    """The answers of a batch: tokens before the first end token, their log-confidence when
+    unmasked, whether an end token came, and what the decoding cost."""
+
+    tokens: list[list[int]]
+    token_logprobs: list[list[float]]
+    stopped: list[bool]
+    forward_passes: int = 0
+    steps_per_block: list[int] = field(default_factory=list)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Answer tokens produced, the end token included."""
+        return sum(len(t) + int(s) for t, s in zip(self.tokens, self.stopped))
+
+
+@dataclass
+class BlockDiffusionSampler:
+    """LLaDA / Fast-dLLM sampler over any Hugging Face decoder run with a bidirectional mask."""
+
+    block_size: int = 8
+    unmasking: Unmasking = field(default_factory=lambda: ThresholdUnmasking(0.9))
+    cache: str = "none"
+    refresh_every: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHE_MODES:
+            raise ValueError(f"unknown cache {self.cache!r}; choose one of {', '.join(CACHE_MODES)}")
+        if self.refresh_every is not None and self.refresh_every < 1:
+            raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
+
+    def sample(self, model: PreTrainedModel, prompts: list[list[int]], answer_length: int, mask_id: int, eos_id: int,
+               pad_id: int | None = None) -> DiffusionOutput:
+        """Decode an ``answer_length``-token answer behind every prompt (greedy, temperature 0)."""
+        if not prompts or any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        with torch.inference_mode():
+            return self._sample(model, prompts, answer_length, mask_id, eos_id, eos_id if pad_id is None else pad_id)
+
+    def _sample(self, model: PreTrainedModel, prompts: list[list[int]], answer_length: int, mask_id: int, eos_id: int,
+                pad_id: int) -> DiffusionOutput:
+        device, dtype = model.device, model.dtype
+        ids, key_mask = left_pad_prompts(prompts, pad_id)
+        start_answer = ids.shape[1]
+        ids = torch.cat([ids, torch.full((len(prompts), answer_length), mask_id, dtype=torch.long)], dim=1).to(device)
+        key_mask = torch.cat([key_mask, torch.ones(len(prompts), answer_length, dtype=torch.long)], dim=1).to(device)
+        positions = (key_mask.cumsum(-1) - 1).clamp(min=0)
+        full_mask = bidirectional_mask(key_mask, dtype).to(device)
+        logprobs = torch.zeros(ids.shape, dtype=torch.float32, device=device)
+        out = DiffusionOutput([], [], [])
+        for start, end in block_bounds(start_answer, answer_length, self.block_size):
+            done = (ids[:, start_answer:start] == eos_id).any(-1)
+            ids[done, start:] = torch.where(ids[done, start:] == mask_id, eos_id, ids[done, start:])
+            if done.all():
+                break
+            initial = (ids[:, start:end] == mask_id).sum(-1)
+            step, cache, cached_mask = 0, None, None
+            while (masked := ids[:, start:end] == mask_id).any():
+                if self.cache == "none" or cache is None or (self.refresh_every and step % self.refresh_every == 0):
+                    hidden, cache, cached_mask = self._full(model, ids, positions, key_mask, full_mask, start, end)
+                else:
+                    hidden = self._cached(model, ids, positions, key_mask, cache, cached_mask, start, end)
+                logits = model.get_output_embeddings()(hidden).float()
+                logits[..., mask_id] = -torch.inf  # a position is never "unmasked" to the mask token
+                confidence, tokens = logits.softmax(-1).max(-1)
+                chosen = self.unmasking.select(confidence.cpu(), masked.cpu(), step, initial.cpu()).to(device)
+                ids[:, start:end] = torch.where(chosen, tokens, ids[:, start:end])
+                logprobs[:, start:end] = torch.where(chosen, confidence.log(), logprobs[:, start:end])
+                step += 1
+            out.forward_passes += step
+            out.steps_per_block.append(step)
+        for row, answer in enumerate(ids[:, start_answer:].tolist()):
+            cut = answer.index(eos_id) if eos_id in answer else len(answer)
+            out.tokens.append(answer[:cut])
+            out.token_logprobs.append(logprobs[row, start_answer:start_answer + cut].tolist())
+            out.stopped.append(cut < len(answer))
+        return out
+
+    def _full(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
+              full_mask: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, DynamicCache | None, torch.Tensor | None]:
+        """Run the whole sequence; return the block's hidden states and, when caching, the
+        keys/values of the columns the cache keeps (and their padding mask)."""
+        use_cache = self.cache != "none"
+        result = model.get_decoder()(input_ids=ids, attention_mask=full_mask, position_ids=positions,
+                                     past_key_values=DynamicCache() if use_cache else None, use_cache=use_cache)
+        if not use_cache:
+            return result.last_hidden_state[:, start:end], None, None
+        cache = result.past_key_values
+        if self.cache == "prefix":
+            keep_first(cache, start)
+            cached_mask = key_mask[:, :start]
+        else:
+            columns = list(range(start)) + list(range(end, ids.shape[1]))
+            keep_columns(cache, columns)
+            cached_mask = key_mask[:, columns]
+        return result.last_hidden_state[:, start:end], cache, cached_mask
+
+    def _cached(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
+                cache: DynamicCache, cached_mask: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Run the block (and, with a prefix cache, what follows it) against the cache; the
+        cache is cut back to its columns afterwards."""
+        stop = end if self.cache == "dual" else ids.shape[1]
+        keys = torch.cat([cached_mask, key_mask[:, start:stop]], dim=1)
+        mask = bidirectional_mask(keys, model.dtype, queries=stop - start)
+        result = model.get_decoder()(input_ids=ids[:, start:stop], attention_mask=mask.to(ids.device),
+                                     position_ids=positions[:, start:stop], past_key_values=cache, use_cache=True)
+        keep_first(cache, cached_mask.shape[1])
+        return result.last_hidden_state[:, : end - start]
+
+
+def llada_sampler(block_size: int = 8, steps_per_block: int | None = None) -> BlockDiffusionSampler:
+    """The baseline: fixed steps per block (default one token per step), no cache."""
+    return BlockDiffusionSampler(block_size, FixedStepsUnmasking(steps_per_block or block_size), cache="none")
+
+
+def fast_dllm_sampler(block_size: int = 8, threshold: float = 0.9, cache: str = "dual") -> BlockDiffusionSampler:
+    """Fast-dLLM: dual cache and confidence-threshold parallel unmasking."""
+    return BlockDiffusionSampler(block_size, ThresholdUnmasking(threshold), cache=cache)

@@ -1,0 +1,120 @@
+"""Parallel branches within one sequence ("Accelerate Parallelizable Reasoning via Parallel
+Decoding within One Sequence"): every row of the batch is a branch of a single sequence.
+
+All branches are decoded greedily, one token per branch per forward, as columns of one
+sequence of batch size 1 under a tree attention mask: a branch's token sees the shared
+columns its row's ``attention_mask`` allows (the shared prefix) and the earlier tokens of
+its own branch, with position ids continuing its own branch. The shared prefix's KV cache is
+held once and never copied per branch; the cache grows by exactly the tokens fed (the
+branches' queries and their emitted tokens), and a finished branch stops growing it.
+
+Contract (``shares_cache``): ``past_key_values`` has batch size 1 and is shared by every
+row; ``attention_mask[i]`` covers the shared cached columns (which of them row ``i`` may
+see) and row ``i`` of ``input_ids`` (left padding marked 0). The output equals greedy
+decoding of each row on its own.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Cache, DynamicCache, PreTrainedModel
+
+from general_decoding.base import Decoder, Generation, StopCriteria
+from general_decoding.registry import register_decoder
+
+
+class _SharedSequence:
+    """The one sequence: its cache and, per branch, which cached columns it may attend to."""
+
+    def __init__(self, model: PreTrainedModel, cache: Cache, visible: torch.Tensor) -> None:
+        self.model = model
+        self.cache = cache
+        self.visible = visible  # [branches, cached columns] bool
+        self.dtype = next(model.parameters()).dtype
+
+    def feed(self, owners: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Append ``ids`` (token ``j`` of branch ``owners[j]``, branch tokens contiguous and in
+        order) and return the logits at columns ``keep`` of the new tokens."""
+        device = ids.device
+        new = ids.shape[0]
+        past = self.visible.shape[1]
+        same_branch = owners[:, None] == owners[None, :]
+        causal = torch.ones(new, new, dtype=torch.bool, device=device).tril()
+        allowed = torch.cat([self.visible[owners], same_branch & causal], dim=1)
+        bias = torch.zeros(1, 1, new, past + new, dtype=self.dtype, device=device)
+        bias.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
+        logits = self.model(
+            input_ids=ids[None], attention_mask=bias, position_ids=positions[None], past_key_values=self.cache,
+            use_cache=True, logits_to_keep=keep,
+        ).logits[0]
+        branches = torch.arange(self.visible.shape[0], device=device)
+        self.visible = torch.cat([self.visible, branches[:, None] == owners[None, :]], dim=1)
+        return logits
+
+
+@register_decoder("one_sequence")
+class OneSequenceDecoder(Decoder):
+    """Greedy decoding of every row as a branch of one sequence over a shared KV cache."""
+
+    shares_cache = True
+
+    def _generate(
+        self,
+        model: PreTrainedModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        past_key_values: Cache | None,
+        stop: StopCriteria,
+        context_ids: list[list[int]] | None,
+    ) -> Generation:
+        device = input_ids.device
+        rows = input_ids.shape[0]
+        cache = past_key_values if past_key_values is not None else DynamicCache()
+        past = cache.get_seq_length()
+        if past and cache.layers[0].keys.shape[0] != 1:
+            raise ValueError(f"decoder {self.name!r} shares one cache of batch size 1; got {cache.layers[0].keys.shape[0]} rows")
+        visible = attention_mask[:, :past].bool()
+        query = attention_mask[:, past:].bool()
+        lengths = query.sum(1)
+        if bool((lengths == 0).any()):
+            raise ValueError("every row needs at least one unpadded input token")
+        sequence = _SharedSequence(model, cache, visible)
+        # first forward: every branch's input tokens, packed one branch after another
+        owners = torch.repeat_interleave(torch.arange(rows, device=device), lengths)
+        starts = visible.sum(1)
+        offsets = torch.arange(owners.shape[0], device=device) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+        positions = starts[owners] + offsets
+        last_columns = lengths.cumsum(0) - 1
+        logits = sequence.feed(owners, input_ids[query], positions, last_columns)
+        next_position = starts + lengths
+
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        logprobs: list[list[float]] = [[] for _ in range(rows)]
+        scores = [0.0] * rows
+        stopped = [False] * rows
+        live = list(range(rows))
+        forwards, accepted = 1, []
+        while True:
+            step_lp = torch.log_softmax(logits.float(), dim=-1)
+            best = step_lp.argmax(-1).tolist()
+            still = []
+            for index, row in enumerate(live):
+                token, logprob = best[index], float(step_lp[index, best[index]])
+                scores[row] += logprob
+                if token in stop.stop_token_ids:
+                    stopped[row] = True
+                    continue
+                tokens[row].append(token)
+                logprobs[row].append(logprob)
+                if len(tokens[row]) < stop.max_new_tokens:
+                    still.append(row)
+            accepted.append(len(live))
+            live = still
+            if not live:
+                break
+            owners = torch.tensor(live, device=device)
+            ids = torch.tensor([tokens[row][-1] for row in live], device=device)
+            logits = sequence.feed(owners, ids, next_position[owners], torch.arange(len(live), device=device))
+            next_position[owners] += 1
+            forwards += 1
+        return Generation(tokens, logprobs, scores, stopped, forwards, accepted)

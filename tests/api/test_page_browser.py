@@ -1,0 +1,112 @@
+"""The highlighting page in a real headless Chromium against a real uvicorn server on the English model.
+
+Set ``PAGE_SCREENSHOT_DIR`` to keep the screenshots outside pytest's temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.api.live_server import live_server
+from tests.conftest import SHIPPED_EN
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+TEXT = "Angela Merkel met Emmanuel Macron in Paris ."
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()),
+                       reason="needs /usr/bin/chromium and /usr/bin/chromedriver (apt-get install -y chromium chromium-driver)"),
+    pytest.mark.skipif(not SHIPPED_EN.is_file(), reason="the shipped en-conll03 model is not in this checkout"),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The app under uvicorn on a free loopback port, ready on en-conll03; its base URL."""
+    env = {"NER_MODEL": "en-conll03", "NER_API_KEYS": "", "NER_REQUEST_TIMEOUT_S": "300"}
+    with live_server(env, tmp_path_factory.mktemp("server") / "uvicorn.log") as url:
+        yield url
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _screenshot(driver, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    assert driver.save_screenshot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("PAGE_SCREENSHOT_DIR"):
+        keep = Path(os.environ["PAGE_SCREENSHOT_DIR"])
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, keep / name)
+    return path
+
+
+def _submit(driver, decoder: str, labels: set[str]) -> str:
+    """Pick ``decoder`` and ``labels``, submit, and wait for the new timing line; return it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    Select(driver.find_element(By.ID, "decoder")).select_by_value(decoder)
+    for box in driver.find_elements(By.CSS_SELECTOR, "input[name=label]"):
+        if box.is_selected() != (box.get_attribute("value") in labels):
+            box.click()
+    before = driver.find_element(By.ID, "timing").text
+    driver.find_element(By.ID, "submit").click()
+    WebDriverWait(driver, 120).until(
+        lambda d: d.find_element(By.ID, "timing").text not in ("", before) or d.find_element(By.ID, "error").text
+    )
+    assert driver.find_element(By.ID, "error").text == ""
+    return driver.find_element(By.ID, "timing").text
+
+
+def _highlights(driver) -> list[tuple[str, str]]:
+    from selenium.webdriver.common.by import By
+
+    marks = driver.find_elements(By.CSS_SELECTOR, "#result mark.entity")
+    return [(TEXT[int(m.get_attribute("data-start")):int(m.get_attribute("data-end"))], m.get_attribute("data-label")) for m in marks]
+
+
+def test_the_page_highlights_entities_in_chromium(server: str, browser, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server + "/")
+    WebDriverWait(browser, 60).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    assert "en-conll03" in browser.find_element(By.ID, "model").text
+    browser.find_element(By.ID, "text").send_keys(TEXT)
+
+    timing = _submit(browser, "padellm", {"LOC", "MISC", "ORG", "PER"})
+    assert _highlights(browser) == [("Angela Merkel", "PER"), ("Emmanuel Macron", "PER"), ("Paris", "LOC")]
+    assert browser.find_element(By.ID, "result").text.startswith("Angela MerkelPER met Emmanuel MacronPER in ParisLOC")
+    legend = [s.text for s in browser.find_elements(By.CSS_SELECTOR, "#legend span")]
+    assert legend == ["LOC (1)", "MISC (0)", "ORG (0)", "PER (2)"]
+    assert timing.startswith("3 entities in ") and " ms (engine " in timing and "forward passes, padellm, en-conll03)" in timing
+    _screenshot(browser, tmp_path, "page_padellm.png")
+
+    timing = _submit(browser, "ar", {"PER"})
+    assert _highlights(browser) == [("Angela Merkel", "PER"), ("Emmanuel Macron", "PER")]
+    assert [s.text for s in browser.find_elements(By.CSS_SELECTOR, "#legend span")] == ["PER (2)"]
+    assert timing.startswith("2 entities in ") and "forward passes, ar, en-conll03)" in timing
+    _screenshot(browser, tmp_path, "page_ar_per.png")

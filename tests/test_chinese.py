@@ -1,0 +1,85 @@
+"""Chinese NER: the character tokenizer, the shipped zh models, label display names, Weibo tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ner_service.engine import NEREngine, NERModelConfig, UnknownLabelError, default_model_for_language, shipped_model_names
+from ner_service.engine.model_loading import ModelNotFoundError
+from training.char_model import CHINESE_LABEL_NAMES, build_char_tokenizer, prompt_strings
+from training.data import read_conll
+from training.examples import query_answer_pairs
+
+#: Resume dev sentence 1 (../shared/data/resume/dev.txt) and its gold spans.
+RESUME_TEXT = "历任公司副总经理、总工程师，"
+RESUME_GOLD = {(2, 4, "ORG"), (4, 8, "TITLE"), (9, 13, "TITLE")}
+
+
+@pytest.fixture(scope="module")
+def zh_engine() -> NEREngine:
+    return NEREngine.load("zh-resume")
+
+
+def test_char_tokenizer_is_one_token_per_character_and_round_trips() -> None:
+    texts = ["张三，1990年毕业于北京大学。", "Hello  world\n第二行\tTab"]
+    tokenizer = build_char_tokenizer(texts + prompt_strings(["NAME", "人名"]))
+    for text in texts + ["Text: 张三\nNAME count:2\n人名 1: 张三"]:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        assert len(ids) == len(text)
+        assert tokenizer.decode(ids) == text
+    assert tokenizer.convert_ids_to_tokens(tokenizer("李四", add_special_tokens=False).input_ids) == ["<unk>", "<unk>"]
+
+
+def test_shipped_zh_tokenizer_round_trips_a_resume_sentence(zh_engine: NEREngine) -> None:
+    tokenizer = zh_engine.ner_model.tokenizer
+    ids = tokenizer(RESUME_TEXT, add_special_tokens=False).input_ids
+    assert len(ids) == len(RESUME_TEXT) and tokenizer.decode(ids) == RESUME_TEXT
+
+
+@pytest.mark.parametrize("decoder", ["padellm", "ar"])
+def test_zh_model_by_name_finds_resume_entities_at_exact_character_offsets(zh_engine: NEREngine, decoder: str) -> None:
+    assert zh_engine.ner_model.config.language == "zh"
+    (result,) = zh_engine.extract([RESUME_TEXT], decoder=decoder)
+    found = {(e.start, e.end, e.label) for e in result.entities}
+    for entity in result.entities:
+        assert RESUME_TEXT[entity.start:entity.end] == entity.text
+    assert {(2, 4, "ORG"), (4, 8, "TITLE")} <= found <= RESUME_GOLD, sorted(found)
+
+
+def test_unknown_label_lists_the_chinese_models_labels(zh_engine: NEREngine) -> None:
+    with pytest.raises(UnknownLabelError, match="'PER'.*CONT, EDU, LOC, NAME, ORG, PRO, RACE, TITLE"):
+        zh_engine.extract([RESUME_TEXT], labels=["NAME", "PER"])
+
+
+def test_zh_models_are_listed_and_chosen_by_language() -> None:
+    assert {"en-conll03", "zh-resume"} <= set(shipped_model_names())
+    assert default_model_for_language("zh") == "zh-resume"
+    assert default_model_for_language("zh-CN") == "zh-resume"
+    assert default_model_for_language("en") == "en-conll03"
+    with pytest.raises(ModelNotFoundError, match="en, zh"):
+        default_model_for_language("fr")
+
+
+def test_label_display_names_reach_the_prompts_and_map_back(tmp_path: Path) -> None:
+    config = NERModelConfig(name="x", labels=["NAME", "ORG"], label_names={"NAME": "人名"})
+    assert (config.prompt_name("NAME"), config.prompt_name("ORG")) == ("人名", "ORG")
+    assert (config.label_of("人名"), config.label_of("ORG")) == ("NAME", "ORG")
+    path = tmp_path / "resume.txt"
+    path.write_text("张 B-NAME\n三 E-NAME\n在 O\n\n", encoding="utf-8")
+    (example,) = read_conll(path)
+    pairs = query_answer_pairs(example, ["NAME"], ["padellm", "ar"], {"NAME": CHINESE_LABEL_NAMES["NAME"]})
+    assert pairs == [("人名 count:", "1"), ("人名 count:1\n人名 1:", " 张三"), ("All entities:", "\n人名: 张三")]
+
+
+def test_weibo_char_and_position_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "weibo.txt"
+    path.write_text(
+        "我0\tO\n在1\tO\n北0\tB-GPE.NAM\n京1\tI-GPE.NAM\n73\tO\n\ufffd\ufffd0\tO\n女12\tB-PER.NOM\n人13\tI-PER.NOM\n\n", encoding="utf-8"
+    )
+    (example,) = read_conll(path)
+    assert example.text == "我在北京7\ufffd\ufffd女人"
+    assert [(example.text[s.start:s.end], s.start, s.end, s.label) for s in example.spans] == [
+        ("北京", 2, 4, "GPE.NAM"), ("女人", 7, 9, "PER.NOM"),
+    ]

@@ -1,0 +1,232 @@
+"""Masked-diffusion sampling (LLaDA baseline, Fast-dLLM cache and parallel unmasking) and the
+``fast_dllm`` NER strategy, with real forward passes of a small diffusion model trained by the recipe."""
+
+from __future__ import annotations
+
+import json
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from general_decoding.diffusion import (
+    BlockDiffusionSampler,
+    FactorUnmasking,
+    FixedStepsUnmasking,
+    ThresholdUnmasking,
+    bidirectional_mask,
+    block_bounds,
+    left_pad_prompts,
+    llada_sampler,
+)
+from ner_service.engine import NEREngine, prompts
+from ner_service.engine.diffusion import NotADiffusionModelError
+from training.data import Example, Span
+
+TEXTS = [
+    "EU rejects German call to boycott British lamb .",
+    "Peter Blackburn",
+    "BRUSSELS 1996-08-22",
+    "Germany 's representative to the European Union 's veterinary committee Werner Zwingmann said on Wednesday consumers should buy sheepmeat from countries other than Britain .",
+    "Leicester : Leicestershire beat Somerset by an innings and 39 runs .",
+]
+
+
+GOLD = {  # the mentions of TEXTS, for a small diffusion model trained on them in seconds
+    0: [("EU", "ORG"), ("German", "MISC"), ("British", "MISC")],
+    1: [("Peter Blackburn", "PER")],
+    2: [("BRUSSELS", "LOC")],
+    3: [("Germany", "LOC"), ("European Union", "ORG"), ("Werner Zwingmann", "PER"), ("Britain", "LOC")],
+    4: [("Leicester", "LOC"), ("Leicestershire", "ORG"), ("Somerset", "ORG")],
+}
+
+
+@pytest.fixture(scope="module")
+def diffusion_engine(tmp_path_factory: pytest.TempPathFactory) -> NEREngine:
+    """A masked-diffusion NER model trained (memorising TEXTS) by the real recipe, ~30 s on the CPU."""
+    from training.diffusion import DiffusionConfig, train_diffusion
+
+    folder = tmp_path_factory.mktemp("diffusion")
+    records = []
+    for index, text in enumerate(TEXTS):
+        entities = [{"start": text.index(m), "end": text.index(m) + len(m), "label": label} for m, label in GOLD[index]]
+        records.append(json.dumps({"text": text, "entities": entities}))
+    (folder / "train.jsonl").write_text("\n".join(records * 8) + "\n", encoding="utf-8")
+    train_diffusion(DiffusionConfig(train=str(folder / "train.jsonl"), output=str(folder / "model"), name="tiny-diffusion",
+                                    answer_tokens=32, vocab_size=400, hidden_size=64, layers=2, heads=4, batch_rows=16,
+                                    max_steps=800, warmup_steps=10, lr=3e-3))
+    return NEREngine.load(folder / "model")
+
+
+@pytest.fixture(scope="module")
+def batch(diffusion_engine: NEREngine) -> dict:
+    """Real prompts (left-padded in the sampler) and the ids the sampler needs."""
+    ner_model = diffusion_engine.ner_model
+    tokenizer = ner_model.tokenizer
+    query = tokenizer(prompts.ar_query(), add_special_tokens=False).input_ids
+    return {
+        "model": ner_model.model,
+        "prompts": [tokenizer(prompts.prefix(t)).input_ids + query for t in TEXTS],
+        "answer_length": ner_model.config.max_ar_tokens,
+        "mask_id": tokenizer.mask_token_id,
+        "eos_id": ner_model.eos_token_id,
+    }
+
+
+def _run(sampler: BlockDiffusionSampler, batch: dict, rows: slice = slice(None)):
+    return sampler.sample(batch["model"], batch["prompts"][rows], batch["answer_length"], batch["mask_id"], batch["eos_id"])
+
+
+# -- layout and unmasking rules on hand-built cases -------------------------------------------
+
+
+def test_block_bounds_cover_the_answer_in_order() -> None:
+    assert block_bounds(5, 10, 4) == [(5, 9), (9, 13), (13, 15)]
+    assert block_bounds(0, 8, 8) == [(0, 8)]
+    assert block_bounds(3, 2, 16) == [(3, 5)]
+    with pytest.raises(ValueError):
+        block_bounds(0, 8, 0)
+
+
+def test_prompts_are_right_aligned_and_padding_is_never_attended() -> None:
+    ids, mask = left_pad_prompts([[7, 8, 9], [5]], pad_id=0)
+    assert ids.tolist() == [[7, 8, 9], [0, 0, 5]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    keys = torch.cat([mask, torch.ones(2, 2, dtype=torch.long)], dim=1)
+    full = bidirectional_mask(keys, torch.float32)
+    assert full.shape == (2, 1, 5, 5)
+    blocked = torch.finfo(torch.float32).min
+    assert (full[0] == 0).all()  # no padding: every query sees every key, later ones included
+    assert (full[1, 0, :, :2] == blocked).all() and (full[1, 0, :, 2:] == 0).all()
+    assert bidirectional_mask(keys, torch.float32, queries=2).shape == (2, 1, 2, 5)
+
+
+def test_fixed_steps_follow_lladas_schedule_most_confident_first() -> None:
+    rule = FixedStepsUnmasking(steps=3)
+    initial = torch.tensor([8, 4])
+    assert rule.counts(initial, 0).tolist() == [3, 2] and rule.counts(initial, 1).tolist() == [3, 1]
+    confidence = torch.tensor([[0.1, 0.9, 0.5, 0.7, 0.2, 0.3, 0.8, 0.6], [0.9, 0.1, 0.8, 0.3, 0.2, 0.2, 0.2, 0.2]])
+    masked = torch.tensor([[True] * 8, [True, True, True, True, False, False, False, False]])
+    chosen = rule.select(confidence, masked, 0, initial)
+    assert chosen[0].nonzero().flatten().tolist() == [1, 3, 6]
+    assert chosen[1].nonzero().flatten().tolist() == [0, 2]
+    last = rule.select(confidence, masked, 2, initial)  # the last step fills whatever is left
+    assert last.equal(masked)
+
+
+def test_threshold_takes_everything_above_it_and_at_least_one() -> None:
+    confidence = torch.tensor([[0.95, 0.2, 0.91, 0.99], [0.3, 0.6, 0.5, 0.1], [0.99, 0.99, 0.99, 0.99]])
+    masked = torch.tensor([[True, True, True, False], [True, True, True, True], [False, False, False, False]])
+    chosen = ThresholdUnmasking(0.9).select(confidence, masked, 0, masked.sum(-1))
+    assert chosen.tolist() == [[True, False, True, False], [False, True, False, False], [False, False, False, False]]
+    one = ThresholdUnmasking(1.0).select(confidence, masked, 0, masked.sum(-1))
+    assert one.sum(-1).tolist() == [1, 1, 0]
+
+
+def test_factor_rule_accepts_the_leading_run_that_meets_its_bound() -> None:
+    # bounds for factor 1: n=1 -> 0.5, n=2 -> 0.667, n=3 -> 0.75, n=4 -> 0.8
+    confidence = torch.tensor([[0.9, 0.7, 0.76, 0.1], [0.4, 0.3, 0.2, 0.1], [0.8, 0.9, 0.1, 0.76]])
+    masked = torch.ones(3, 4, dtype=torch.bool)
+    chosen = FactorUnmasking(1.0).select(confidence, masked, 0, masked.sum(-1))
+    # row 0: 0.9, 0.76 pass, 0.7 < 0.75 stops the run; row 1: at least one; row 2: 0.9, 0.8, 0.76
+    assert chosen.tolist() == [[True, False, True, False], [True, False, False, False], [True, True, False, True]]
+
+
+# -- samplers with the shipped diffusion model ------------------------------------------------
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cache_refreshed_every_step_reproduces_the_uncached_sampler(batch: dict, cache: str) -> None:
+    uncached = _run(BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache="none"), batch)
+    refreshed = _run(BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache=cache, refresh_every=1), batch)
+    assert refreshed.tokens == uncached.tokens
+    assert refreshed.token_logprobs == uncached.token_logprobs
+    assert refreshed.steps_per_block == uncached.steps_per_block
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_fresh_cache_gives_the_full_forward_logits(batch: dict, cache: str) -> None:
+    """The cached block forward equals the full forward while the cache is up to date."""
+    sampler = BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache=cache)
+    model = batch["model"]
+    ids, key_mask = left_pad_prompts(batch["prompts"], batch["eos_id"])
+    start = ids.shape[1]
+    ids = torch.cat([ids, torch.full((len(ids), 16), batch["mask_id"])], dim=1)
+    ids[:, start:start + 3] = batch["eos_id"]  # some answer tokens already decided
+    key_mask = torch.cat([key_mask, torch.ones(len(ids), 16, dtype=torch.long)], dim=1)
+    positions = (key_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        full, kv, kept = sampler._full(model, ids, positions, key_mask, bidirectional_mask(key_mask, model.dtype), start + 8, start + 16)
+        cached = sampler._cached(model, ids, positions, key_mask, kv, kept, start + 8, start + 16)
+        assert kv.get_seq_length() == kept.shape[1]  # cut back after the block forward
+    torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4)
+
+
+def test_one_token_per_step_reproduces_the_baseline_sampler(batch: dict) -> None:
+    baseline = _run(llada_sampler(block_size=8), batch)
+    parallel = _run(BlockDiffusionSampler(8, ThresholdUnmasking(1.0), cache="none"), batch)
+    assert parallel.tokens == baseline.tokens
+    assert parallel.forward_passes == baseline.forward_passes
+    assert baseline.steps_per_block and all(steps == 8 for steps in baseline.steps_per_block)
+
+
+def test_padding_in_a_batch_does_not_change_a_row(batch: dict) -> None:
+    together = _run(llada_sampler(block_size=8), batch)
+    alone = _run(llada_sampler(block_size=8), batch, slice(3, 4))
+    assert alone.tokens[0] == together.tokens[3]
+
+
+def test_fast_dllm_never_needs_more_forwards_than_the_baseline(batch: dict) -> None:
+    baseline = _run(llada_sampler(block_size=8), batch)
+    fast = _run(BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache="dual"), batch)
+    assert all(stopped for stopped in fast.stopped)  # every answer closed with the end token
+    # a model sure of its answers unmasks several tokens per step: fewer forwards, same answers
+    assert fast.forward_passes < baseline.forward_passes
+    assert fast.tokens == baseline.tokens
+
+
+# -- the NER strategy and the training objective ----------------------------------------------
+
+
+def test_engine_decoder_fast_dllm_returns_aligned_entities(diffusion_engine: NEREngine) -> None:
+    results = diffusion_engine.extract(TEXTS, decoder="fast_dllm")
+    assert len(results) == len(TEXTS)
+    entities = [e for r in results for e in r.entities]
+    assert entities, "the diffusion model found no entity at all"
+    for text, result in zip(TEXTS, results):
+        for entity in result.entities:
+            assert text[entity.start:entity.end] == entity.text and entity.label in diffusion_engine.labels
+            assert 0 < entity.score <= 1
+        assert result.stats.forward_passes > 0
+    only_per = diffusion_engine.extract(TEXTS, labels=["PER"], decoder="fast_dllm")
+    assert all(e.label == "PER" for r in only_per for e in r.entities)
+
+
+def test_fast_dllm_refuses_a_model_without_a_mask_token(tiny_engine: NEREngine) -> None:
+    with pytest.raises(NotADiffusionModelError):
+        tiny_engine.extract(TEXTS[:1], decoder="fast_dllm")
+
+
+def test_training_rows_and_a_short_run_save_a_loadable_model(tmp_path: Path) -> None:
+    from training.diffusion import DiffusionConfig, build_row, train_diffusion
+
+    examples = [Example("Peter lives in Paris .", [Span(0, 5, "PER"), Span(15, 20, "LOC")]), Example("Nothing here .", [])] * 8
+    corpus = tmp_path / "train.jsonl"
+    corpus.write_text("\n".join(
+        '{"text": "%s", "entities": [%s]}' % (e.text, ", ".join(f'{{"start": {s.start}, "end": {s.end}, "label": "{s.label}"}}' for s in e.spans))
+        for e in examples) + "\n", encoding="utf-8")
+    config = DiffusionConfig(train=str(corpus), output=str(tmp_path / "model"), answer_tokens=12, vocab_size=300, hidden_size=32,
+                             layers=1, heads=4, batch_rows=8, max_steps=3, warmup_steps=1)
+    summary = train_diffusion(config)
+    assert summary["steps"] == 3
+    engine = NEREngine.load(tmp_path / "model")
+    tokenizer = engine.ner_model.tokenizer
+    row = build_row(examples[0], ["LOC", "PER"], tokenizer, 12)
+    assert len(row.answer) == 12 and row.answer[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(row.answer, skip_special_tokens=True) == "\nPER: Peter\nLOC: Paris"
+    short = build_row(examples[0], ["LOC", "PER"], tokenizer, len(tokenizer("\nPER: Peter", add_special_tokens=False).input_ids) + 1)
+    assert tokenizer.decode(short.answer, skip_special_tokens=True) == "\nPER: Peter"  # whole lines only
+    assert engine.ner_model.config.max_ar_tokens == 12 and tokenizer.mask_token_id is not None
+    [result] = engine.extract(["Peter lives in Paris ."], decoder="fast_dllm")
+    assert result.stats.forward_passes > 0

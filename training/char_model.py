@@ -1,0 +1,112 @@
+"""A character-level Llama trained from scratch: the small base for Chinese NER on a CPU.
+
+One token per character (vocabulary: the training texts, the prompt strings, printable
+ASCII, an unknown and an end token), so ``decode(encode(text)) == text`` for every known
+character and a generated mention maps back to exact character offsets. A 4-layer,
+256-wide Llama is trained in full by :mod:`training.trainer` in both formats (PaDeLLM and
+AR) and saved in bfloat16.
+"""
+
+from __future__ import annotations
+
+import shutil
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from ner_service.engine import prompts
+from ner_service.engine.ner_model import NERModelConfig
+from training.data import labels_of, read_corpus
+from training.trainer import TrainConfig, train
+
+EOS = "<eos>"
+UNK = "<unk>"
+#: Decoding limits in characters (= tokens): Resume has ORG mentions of 60+ characters and
+#: AR answers of 300+ characters.
+MAX_MENTION_CHARS = 48
+MAX_AR_CHARS = 320
+
+#: Chinese display names of the Resume and Weibo labels, for prompts in Chinese.
+CHINESE_LABEL_NAMES: dict[str, str] = {
+    "NAME": "人名", "ORG": "机构", "TITLE": "职位", "EDU": "学历", "CONT": "国籍", "PRO": "专业", "RACE": "民族", "LOC": "地名",
+    "PER.NAM": "人名", "PER.NOM": "人称", "ORG.NAM": "机构名", "ORG.NOM": "机构称", "LOC.NAM": "地名", "LOC.NOM": "地点称",
+    "GPE.NAM": "行政区", "GPE.NOM": "行政称",
+}
+
+
+def prompt_strings(names: list[str]) -> list[str]:
+    """Every fixed string the prompts can contain for these label display names."""
+    strings = [prompts.prefix(""), prompts.ar_query(), string.printable]
+    for name in names:
+        strings += [prompts.count_query(name), prompts.mention_query(name, 10, 10), prompts.ar_answer([(name, "")])]
+    return strings
+
+
+def build_char_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    """A tokenizer with one token per character of ``texts``; other characters become ``<unk>``."""
+    characters = sorted({char for text in texts for char in text})
+    vocab = {EOS: 0, UNK: 1} | {char: i + 2 for i, char in enumerate(characters)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS, unk_token=UNK, clean_up_tokenization_spaces=False
+    )
+
+
+def char_llama_config(vocab_size: int, eos_token_id: int, layers: int = 4, hidden: int = 256) -> LlamaConfig:
+    """The small Llama: ``layers`` blocks of width ``hidden``, tied embeddings."""
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, max_position_embeddings=1024,
+        tie_word_embeddings=True, eos_token_id=eos_token_id, pad_token_id=eos_token_id, bos_token_id=None,
+    )
+
+
+def train_char_model(
+    train_path: str,
+    output: str,
+    name: str,
+    dev: str | None = None,
+    language: str = "zh",
+    chinese_labels: bool = False,
+    epochs: float = 1.0,
+    max_steps: int | None = None,
+    max_minutes: float | None = None,
+    lr: float = 2e-3,
+    batch_tokens: int = 4096,
+    eval_limit: int | None = 200,
+    seed: int = 0,
+    init: str | None = None,
+) -> dict:
+    """Build the character tokenizer and a random small Llama (or continue the char model in
+    folder ``init``), train it in full, save it in bf16."""
+    torch.manual_seed(seed)
+    examples = read_corpus(train_path)
+    labels = labels_of(examples)
+    label_names = {label: CHINESE_LABEL_NAMES[label] for label in labels} if chinese_labels else {}
+    names = [label_names.get(label, label) for label in labels]
+    start = Path(output) / "init"
+    if init is None:
+        tokenizer = build_char_tokenizer([e.text for e in examples] + prompt_strings(names))
+        LlamaForCausalLM(char_llama_config(len(tokenizer), tokenizer.eos_token_id)).save_pretrained(start)
+        tokenizer.save_pretrained(start)
+    else:
+        shutil.copytree(init, start, dirs_exist_ok=True)
+    summary = train(TrainConfig(
+        base=str(start), train=train_path, dev=dev, output=output, name=name, labels=labels, label_names=label_names,
+        language=language, full=True, lr=lr, warmup_steps=30, epochs=epochs, max_steps=max_steps, max_minutes=max_minutes, batch_tokens=batch_tokens,
+        eval_limit=eval_limit, save_every=10_000, seed=seed, dtype="float32",
+    ))
+    shutil.rmtree(start)
+    shutil.rmtree(Path(output) / "checkpoint", ignore_errors=True)
+    model = LlamaForCausalLM.from_pretrained(output, dtype=torch.float32)
+    model.to(torch.bfloat16).save_pretrained(output)
+    ner_config = NERModelConfig.read(Path(output))
+    ner_config.max_mention_tokens, ner_config.max_ar_tokens = MAX_MENTION_CHARS, MAX_AR_CHARS
+    ner_config.write(Path(output))
+    return summary
+

@@ -1,0 +1,211 @@
+"""A masked-diffusion NER model in the LLaDA style, trained from scratch or from SmolLM2.
+
+One row per text: the prompt is the text and the all-entities query
+(:func:`prompts.prefix` + :func:`prompts.ar_query`), the answer is every mention in reading
+order as ``"\\nLABEL: mention"`` lines (:func:`prompts.ar_answer`), closed and padded with
+the end token to a fixed length. One answer for all labels (rather than one query per
+label as PaDeLLM does) keeps one row per text, so the prompt is encoded once instead of
+once per label, at training and at inference, and the answer is long enough for
+block-wise decoding to matter.
+
+The objective (LLaDA SFT): per row draw a mask ratio ``t ~ U(eps, 1)``, replace each answer
+token by the mask token with probability ``t``, and take the cross-entropy on the masked
+tokens weighted by ``1 / t`` and averaged over the answer length. Attention is
+bidirectional (:func:`general_decoding.diffusion.layout.bidirectional_mask`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from general_decoding.diffusion.layout import bidirectional_mask, left_pad_prompts
+from ner_service.engine import NERModelConfig, prompts
+from ner_service.engine.model_loading import load_causal_lm
+from ner_service.engine.ner_model import SELF_CONTAINED
+from training.data import Example, labels_of, read_corpus
+from training.tiny_model import build_tokenizer
+
+MASK = "<mask>"
+EPS = 1e-3
+INITS = ("scratch", "smollm2")
+
+
+@dataclass
+class DiffusionConfig:
+    """A diffusion training run; saved in ``training.json`` for the model card."""
+
+    train: str
+    output: str
+    name: str = "en-conll03-diffusion"
+    init: str = "scratch"  # "scratch", "smollm2" or a diffusion model folder to continue from
+    base: str = "smollm2-135m-instruct"
+    answer_tokens: int = 64
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    layers: int = 4
+    heads: int = 8
+    lr: float = 2e-3
+    warmup_steps: int = 100
+    batch_rows: int = 32
+    max_steps: int | None = None
+    max_minutes: float | None = None
+    limit: int | None = None
+    save_minutes: float = 10.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DiffusionRow:
+    """Prompt tokens and the answer tokens, end-padded to the fixed answer length."""
+
+    prompt: list[int]
+    answer: list[int]
+
+
+def answer_text(example: Example, labels: list[str]) -> list[str]:
+    """The answer lines of ``example`` (reading order, only ``labels``)."""
+    return [prompts.ar_answer([(s.label, example.text[s.start:s.end])]) for s in example.spans if s.label in labels]
+
+
+def build_row(example: Example, labels: list[str], tokenizer: PreTrainedTokenizerBase, answer_tokens: int) -> DiffusionRow:
+    """Tokenise prompt and answer separately; whole lines that do not fit are dropped."""
+    prompt = tokenizer(prompts.prefix(example.text)).input_ids + tokenizer(prompts.ar_query(), add_special_tokens=False).input_ids
+    answer: list[int] = []
+    for line in answer_text(example, labels):
+        ids = tokenizer(line, add_special_tokens=False).input_ids
+        if len(answer) + len(ids) >= answer_tokens:  # room for at least one end token
+            break
+        answer.extend(ids)
+    eos = int(tokenizer.eos_token_id)
+    return DiffusionRow(prompt, answer + [eos] * (answer_tokens - len(answer)))
+
+
+def diffusion_loss(model: PreTrainedModel, rows: list[DiffusionRow], mask_id: int, pad_id: int, generator: torch.Generator) -> torch.Tensor:
+    """The LLaDA SFT loss of a batch: masked-token cross-entropy weighted by ``1 / t``."""
+    ids, attention = left_pad_prompts([r.prompt for r in rows], pad_id)
+    answers = torch.tensor([r.answer for r in rows])
+    batch, length = answers.shape
+    t = (1 - EPS) * torch.rand(batch, 1, generator=generator) + EPS
+    masked = torch.rand(batch, length, generator=generator) < t
+    noisy = torch.where(masked, torch.full_like(answers, mask_id), answers)
+    ids = torch.cat([ids, noisy], dim=1)
+    attention = torch.cat([attention, torch.ones_like(answers)], dim=1)
+    device = model.device
+    dtype = next(model.parameters()).dtype
+    hidden = model.get_decoder()(
+        input_ids=ids.to(device), attention_mask=bidirectional_mask(attention, dtype).to(device),
+        position_ids=(attention.cumsum(-1) - 1).clamp(min=0).to(device),
+    ).last_hidden_state[:, -length:]
+    logits = model.get_output_embeddings()(hidden[masked.to(device)]).float()
+    losses = torch.nn.functional.cross_entropy(logits, answers.to(device)[masked.to(device)], reduction="none")
+    weights = (1 / t).expand(batch, length)[masked].to(device)
+    return (losses * weights).sum() / (batch * length)
+
+
+def _init_model(config: DiffusionConfig, examples: list[Example], labels: list[str]) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A from-scratch Llama with its own BPE tokenizer, SmolLM2 (attention made bidirectional by
+    the mask), or the model folder ``init`` names (to continue training)."""
+    if config.init not in INITS:
+        model, tokenizer = load_causal_lm(config.init)
+    elif config.init == "smollm2":
+        model, tokenizer = load_causal_lm(config.base)
+        if tokenizer.mask_token is None:
+            tokenizer.add_special_tokens({"mask_token": MASK})
+            model.resize_token_embeddings(len(tokenizer))
+    else:
+        tokenizer = build_tokenizer([e.text for e in examples], labels, vocab_size=config.vocab_size)
+        tokenizer.add_special_tokens({"mask_token": MASK})
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=config.hidden_size, intermediate_size=3 * config.hidden_size,
+            num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.heads // 2,
+            max_position_embeddings=1024, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        ))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.float().train(), tokenizer
+
+
+def save_diffusion_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: DiffusionConfig, labels: list[str],
+                         folder: Path, summary: dict) -> None:
+    """A self-contained Hugging Face folder with ``ner_model.json`` (``max_ar_tokens`` = answer length)."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    NERModelConfig(name=config.name, labels=labels, base=SELF_CONTAINED, max_ar_tokens=config.answer_tokens,
+                   eos_token=tokenizer.eos_token, metrics={"decoder": "fast_dllm"}).write(folder)
+    (folder / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+def train_diffusion(config: DiffusionConfig) -> dict:
+    """Train until ``max_steps`` or ``max_minutes`` (cosine schedule over whichever ends first) and save."""
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    examples = read_corpus(config.train)[: config.limit]
+    labels = labels_of(examples)
+    model, tokenizer = _init_model(config, examples, labels)
+    rows = [build_row(e, labels, tokenizer, config.answer_tokens) for e in tqdm(examples, desc="build rows", unit="text")]
+    mask_id, pad_id = int(tokenizer.mask_token_id), int(tokenizer.pad_token_id)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    budget = config.max_minutes * 60 if config.max_minutes else math.inf
+    max_steps = config.max_steps or 10**9
+    began = time.perf_counter()
+
+    def progress(step: int) -> float:
+        return min(1.0, max(step / max_steps, (time.perf_counter() - began) / budget))
+
+    def learning_rate(step: int) -> float:
+        if step < config.warmup_steps:
+            return config.lr * (step + 1) / config.warmup_steps
+        return config.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress(step))))
+
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i].prompt))  # similar prompt lengths share a batch
+    batches = [order[i:i + config.batch_rows] for i in range(0, len(order), config.batch_rows)]
+    step, tokens, last_save, history = 0, 0, began, []
+    output = Path(config.output)
+    bar = tqdm(total=config.max_steps, desc="train-diffusion", unit="step")
+    while progress(step) < 1.0:
+        random.shuffle(batches)
+        for batch in batches:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step)
+            loss = diffusion_loss(model, [rows[i] for i in batch], mask_id, pad_id, generator)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens += sum(len(rows[i].prompt) + config.answer_tokens for i in batch)
+            seconds = time.perf_counter() - began
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{tokens / seconds:.0f}", min=f"{seconds / 60:.1f}")
+            if step % 50 == 0:
+                history.append({"step": step, "loss": round(loss.item(), 4), "minutes": round(seconds / 60, 2)})
+            if seconds - (last_save - began) > config.save_minutes * 60:
+                last_save = time.perf_counter()
+                summary = _summary(config, step, tokens, seconds, history)
+                save_diffusion_model(model.eval(), tokenizer, config, labels, output / "checkpoint", summary)
+                model.train()
+            if progress(step) >= 1.0:
+                break
+    bar.close()
+    seconds = time.perf_counter() - began
+    summary = _summary(config, step, tokens, seconds, history)
+    save_diffusion_model(model.eval(), tokenizer, config, labels, output, summary)
+    shutil.rmtree(output / "checkpoint", ignore_errors=True)
+    return summary
+
+
+def _summary(config: DiffusionConfig, step: int, tokens: int, seconds: float, history: list[dict]) -> dict:
+    return {"config": asdict(config), "steps": step, "tokens": tokens, "train_seconds": round(seconds, 1),
+            "tokens_per_second": round(tokens / max(seconds, 1e-9), 1), "threads": torch.get_num_threads(), "history": history}

@@ -1,0 +1,51 @@
+"""The ``padellm-ner train-diffusion`` sub-command (registered through ``COMMAND_MODULES``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def cmd_train_diffusion(args: argparse.Namespace) -> int:
+    import torch
+
+    from training.diffusion import DiffusionConfig, train_diffusion
+
+    torch.set_num_threads(args.threads)
+    config = DiffusionConfig(
+        train=args.train, output=args.output, name=args.name, init=args.init, base=args.base, answer_tokens=args.answer_tokens,
+        vocab_size=args.vocab_size, hidden_size=args.hidden_size, layers=args.layers, heads=args.heads, lr=args.lr,
+        warmup_steps=args.warmup_steps, batch_rows=args.batch_rows, max_steps=args.max_steps, max_minutes=args.max_minutes,
+        limit=args.limit, seed=args.seed,
+    )
+    summary = train_diffusion(config)
+    print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second")}, indent=2))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``train-diffusion`` to the ``padellm-ner`` command line."""
+    from training.diffusion import INITS, DiffusionConfig
+
+    defaults = DiffusionConfig(train="", output="")
+    parser = sub.add_parser("train-diffusion", help="train a masked-diffusion NER model (LLaDA objective) for decoder fast_dllm")
+    parser.add_argument("--train", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--name", default=defaults.name)
+    parser.add_argument("--init", default=defaults.init,
+                        help=f"{' or '.join(INITS)} (a new small Llama, or SmolLM2-135M made bidirectional), or a model folder to continue")
+    parser.add_argument("--base", default=defaults.base, help="the model --init smollm2 starts from")
+    parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens, help="fixed answer length (end-padded)")
+    parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
+    parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
+    parser.add_argument("--layers", type=int, default=defaults.layers)
+    parser.add_argument("--heads", type=int, default=defaults.heads)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+    parser.add_argument("--batch-rows", type=int, default=defaults.batch_rows)
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop after this wall time (the schedule follows it)")
+    parser.add_argument("--limit", type=int, default=None, help="use the first N training texts")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.set_defaults(func=cmd_train_diffusion)
