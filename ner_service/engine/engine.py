@@ -6,9 +6,11 @@ PaDeLLM, for a batch of texts:
    its count queries as branches of the same sequence under a tree attention mask: it
    yields each (text, label) count's first token and the prefix's KV cache;
 2. one batch of mention queries, one row per (text, label, k), each row selecting its
-   text's cached prefix (nothing is re-encoded), decoded by any registered decoder of
-   :mod:`general_decoding`; the same batch decodes the rest of each count (normally its
-   end token) to confirm it: a longer count re-asks that label's mentions;
+   text's cached prefix and continuing its label's cached count branch (nothing is
+   re-encoded), decoded by any registered decoder of :mod:`general_decoding`; the same
+   batch decodes the rest of each count (normally its end token) to confirm it: a longer
+   count re-asks that label's mentions. A decoder that ``shares_cache`` (``one_sequence``)
+   decodes a window's rows as branches of one sequence over the prefix cache instead;
 3. mentions are mapped to character offsets and a span predicted under two labels keeps
    the more probable label.
 
