@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -31,6 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.reporting import bar_plots, print_table, write_json  # noqa: E402
+from tests.local_services import live_server  # noqa: E402
 from training.data import read_corpus  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,52 +41,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Server:
-    """``ner_service.api.app:create_app`` under uvicorn in a subprocess, ready when entered."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env, self.log = env, log
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        self.process: subprocess.Popen | None = None
-
-    def __enter__(self) -> "Server":
-        port = self.url.rsplit(":", 1)[1]
-        command = [sys.executable, "-m", "uvicorn", "ner_service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", port]
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("wb") as sink:
-            self.process = subprocess.Popen(command, cwd=REPO, env=os.environ | self.env, stdout=sink, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while True:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start; see {self.log}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.process is not None
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # still answering the requests in flight at the end of the window
-            self.process.kill()
-            self.process.wait(timeout=30)
-
-    def batch_totals(self) -> tuple[float, float]:
-        """Texts and engine calls so far, from ``/metrics``."""
-        text = httpx.get(f"{self.url}/metrics", timeout=60).text
-        total = float(re.search(r"^padellm_engine_batch_texts_sum (\S+)$", text, re.M).group(1))
-        calls = float(re.search(r"^padellm_engine_batch_texts_count (\S+)$", text, re.M).group(1))
-        return total, calls
+def batch_totals(url: str) -> tuple[float, float]:
+    """Texts and engine calls of the server at ``url`` so far, from ``/metrics``."""
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    total = float(re.search(r"^padellm_engine_batch_texts_sum (\S+)$", text, re.M).group(1))
+    calls = float(re.search(r"^padellm_engine_batch_texts_count (\S+)$", text, re.M).group(1))
+    return total, calls
 
 
 @dataclass
@@ -165,11 +124,11 @@ def main() -> None:
         if microbatch and args.batch_max_texts is not None:
             env["NER_BATCH_MAX_TEXTS"] = str(args.batch_max_texts)
         log = json_path.with_name(f"{json_path.stem}_server_{'on' if microbatch else 'off'}.log")
-        with Server(env, log) as server:
+        with live_server(env, log, ready_timeout_s=600) as url:
             before: list[tuple[float, float]] = []
-            load = drive(server.url, texts, args.clients, args.warmup, args.seconds, args.model,
-                         on_window_start=lambda: before.append(server.batch_totals()))
-            (texts_before, calls_before), (texts_after, calls_after) = before[0], server.batch_totals()
+            load = drive(url, texts, args.clients, args.warmup, args.seconds, args.model,
+                         on_window_start=lambda: before.append(batch_totals(url)))
+            (texts_before, calls_before), (texts_after, calls_after) = before[0], batch_totals(url)
             calls = calls_after - calls_before
             batch = (texts_after - texts_before) / calls if calls else float("nan")
         rows.append({

@@ -21,7 +21,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from benchmarks.reporting import bar_plots, print_table, write_json  # noqa: E40
 from pipeline import service  # noqa: E402
 from pipeline.celery_app import app  # noqa: E402
 from pipeline.db import get_engine, session_factory, upgrade  # noqa: E402
+from tests.local_services import PrivateRedis, free_port  # noqa: E402
 from pipeline.ingest import read_conll_documents  # noqa: E402
 from pipeline.model_version import model_version_of_path  # noqa: E402
 from pipeline.models import EntityRow, Job  # noqa: E402
@@ -78,26 +78,12 @@ def run_spacy(nlp, texts: list[str]) -> dict:
 @contextmanager
 def private_redis(workdir: Path) -> Iterator[str]:
     """A redis-server of our own on a free port (no persistence); yields its URL."""
-    import redis
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                               stdout=(workdir / "redis.log").open("w"), stderr=subprocess.STDOUT)
-    client = redis.Redis(port=port)
+    server = PrivateRedis(free_port(), workdir / "redis.log")
+    server.start()
     try:
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield server.url
     finally:
-        client.close()
-        process.kill()
-        process.wait(timeout=30)
+        server.stop()
 
 
 @contextmanager

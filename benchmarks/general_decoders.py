@@ -12,7 +12,6 @@ Usage: python benchmarks/general_decoders.py [--limit N] [--json PATH] [--model 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path

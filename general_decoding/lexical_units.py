@@ -19,7 +19,7 @@ import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
 from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
-from general_decoding.draft_verify import RowState, prefill
+from general_decoding.draft_verify import prefill
 from general_decoding.kv_cache import keep_first
 from general_decoding.registry import register_decoder
 

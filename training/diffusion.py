@@ -34,6 +34,7 @@ from ner_service.engine.model_loading import load_causal_lm
 from ner_service.engine.ner_model import SELF_CONTAINED
 from training.data import Example, labels_of, read_corpus
 from training.tiny_model import build_tokenizer
+from training.trainer import optimizer_step
 
 MASK = "<mask>"
 EPS = 1e-3
@@ -156,7 +157,8 @@ def train_diffusion(config: DiffusionConfig) -> dict:
     model, tokenizer = _init_model(config, examples, labels)
     rows = [build_row(e, labels, tokenizer, config.answer_tokens) for e in tqdm(examples, desc="build rows", unit="text")]
     mask_id, pad_id = int(tokenizer.mask_token_id), int(tokenizer.pad_token_id)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    parameters = list(model.parameters())
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.01, betas=(0.9, 0.98))
     budget = config.max_minutes * 60 if config.max_minutes else math.inf
     max_steps = config.max_steps or 10**9
     began = time.perf_counter()
@@ -180,10 +182,7 @@ def train_diffusion(config: DiffusionConfig) -> dict:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step)
             loss = diffusion_loss(model, [rows[i] for i in batch], mask_id, pad_id, generator)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(loss, parameters, optimizer)
             step += 1
             tokens += sum(len(rows[i].prompt) + config.answer_tokens for i in batch)
             seconds = time.perf_counter() - began

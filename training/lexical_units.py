@@ -30,6 +30,7 @@ from general_decoding.tree_attention import collate_parent_trees, parents_of
 from ner_service.engine.ner_model import NERModel
 from training.data import labels_of, read_corpus
 from training.examples import FORMATS, IGNORE, TrainingRow, build_row
+from training.trainer import length_batches, optimizer_step, packed_loss
 
 
 @dataclass
@@ -130,30 +131,9 @@ def target_confidences(model: torch.nn.Module, rows: list[TrainingRow], pad_toke
 
 def lud_loss(model: torch.nn.Module, rows: list[LUDRow], pad_token_id: int) -> torch.Tensor:
     """Mean cross-entropy over answer and placeholder targets."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    device, dtype = inner.device, next(inner.parameters()).dtype
+    dtype = next(model.parameters()).dtype
     ids, positions, mask = collate_parent_trees([(r.input_ids, r.parents) for r in rows], pad_token_id, dtype)
-    targets = torch.full(ids.shape, IGNORE, dtype=torch.long)
-    for i, row in enumerate(rows):
-        targets[i, : len(row.targets)] = torch.tensor(row.targets)
-    hidden = inner.get_decoder()(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device)).last_hidden_state
-    selected = targets.to(device) != IGNORE
-    logits = inner.get_output_embeddings()(hidden[selected]).float()
-    return torch.nn.functional.cross_entropy(logits, targets.to(device)[selected])
-
-
-def _batches(rows: list[LUDRow], batch_tokens: int, seed: int) -> list[list[int]]:
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))
-    batches, current = [], []
-    for index in order:
-        if current and len(rows[index].input_ids) * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
-    random.Random(seed).shuffle(batches)
-    return batches
+    return packed_loss(model, ids, positions, mask, [r.targets for r in rows])
 
 
 def train_lud(config: LUDConfig) -> dict:
@@ -181,23 +161,20 @@ def train_lud(config: LUDConfig) -> dict:
     model.train()
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.0)
-    steps_per_epoch = len(_batches(lud_rows, config.batch_tokens, config.seed))
+    lengths = [len(r.input_ids) for r in lud_rows]
+    steps_per_epoch = len(length_batches(lengths, config.batch_tokens, config.seed))
     total = config.max_steps or steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))))
     state = {"step": 0, "tokens": 0, "seconds": 0.0}
     bar = tqdm(total=total, desc="train-lud", unit="step")
     epoch = 0
     while state["step"] < total and (config.max_minutes is None or state["seconds"] < 60 * config.max_minutes):
-        for batch in _batches(lud_rows, config.batch_tokens, config.seed + epoch):
+        for batch in length_batches(lengths, config.batch_tokens, config.seed + epoch):
             began = time.perf_counter()
             loss = lud_loss(model, [lud_rows[i] for i in batch], pad)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(loss, parameters, optimizer, scheduler)
             state["step"] += 1
-            state["tokens"] += sum(len(lud_rows[i].input_ids) for i in batch)
+            state["tokens"] += sum(lengths[i] for i in batch)
             state["seconds"] += time.perf_counter() - began
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{state['tokens'] / state['seconds']:.0f}")

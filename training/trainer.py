@@ -63,14 +63,14 @@ class TrainConfig:
     resume: bool = False
 
 
-def _batches(rows: list[TrainingRow], batch_tokens: int, seed: int) -> list[list[int]]:
-    """Indices of rows grouped by similar length under a padded-token budget, in seeded order."""
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i].tree))
+def length_batches(lengths: list[int], batch_tokens: int, seed: int) -> list[list[int]]:
+    """Indices of rows (of the given lengths) grouped by similar length under a padded-token
+    budget, in seeded order."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[list[int]] = []
     current: list[int] = []
     for index in order:
-        longest = len(rows[index].tree)
-        if current and longest * (len(current) + 1) > batch_tokens:
+        if current and lengths[index] * (len(current) + 1) > batch_tokens:
             batches.append(current)
             current = []
         current.append(index)
@@ -85,19 +85,36 @@ def _inner(model: torch.nn.Module) -> PreTrainedModel:
     return model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[return-value]
 
 
-def answer_loss(model: torch.nn.Module, rows: list[TrainingRow], pad_token_id: int) -> torch.Tensor:
-    """Mean cross-entropy on answer tokens; the LM head runs on those positions only."""
+def packed_loss(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                targets: list[list[int]]) -> torch.Tensor:
+    """Mean cross-entropy of collated packed rows at their targets (``IGNORE`` elsewhere); the
+    LM head runs on the target positions only."""
     lm = _inner(model)
-    dtype = next(lm.parameters()).dtype
-    ids, positions, mask = collate_trees([r.tree for r in rows], pad_token_id, dtype=dtype)
-    targets = torch.full(ids.shape, IGNORE, dtype=torch.long)
-    for i, row in enumerate(rows):
-        targets[i, : len(row.targets)] = torch.tensor(row.targets)
+    padded = torch.full(ids.shape, IGNORE, dtype=torch.long)
+    for i, row in enumerate(targets):
+        padded[i, : len(row)] = torch.tensor(row)
     device = lm.device
     hidden = lm.get_decoder()(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device)).last_hidden_state
-    selected = targets.to(device) != IGNORE
+    selected = padded.to(device) != IGNORE
     logits = lm.get_output_embeddings()(hidden[selected]).float()
-    return torch.nn.functional.cross_entropy(logits, targets.to(device)[selected])
+    return torch.nn.functional.cross_entropy(logits, padded.to(device)[selected])
+
+
+def answer_loss(model: torch.nn.Module, rows: list[TrainingRow], pad_token_id: int) -> torch.Tensor:
+    """Mean cross-entropy on answer tokens of packed PaDeLLM/AR rows."""
+    ids, positions, mask = collate_trees([r.tree for r in rows], pad_token_id, dtype=next(_inner(model).parameters()).dtype)
+    return packed_loss(model, ids, positions, mask, [r.targets for r in rows])
+
+
+def optimizer_step(loss: torch.Tensor, parameters: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> None:
+    """Backward, clip the gradient norm to 1, step (and the schedule), clear the gradients."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
@@ -156,9 +173,11 @@ def train(config: TrainConfig) -> dict:
     model, tokenizer = _prepare_model(config)
     rows = [build_row(e, labels, tokenizer, config.formats, config.label_names) for e in tqdm(train_examples, desc="build rows", unit="text")]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    steps_per_epoch = len(_batches(rows, config.batch_tokens, config.seed))
+    lengths = [len(r.tree) for r in rows]
+    steps_per_epoch = len(length_batches(lengths, config.batch_tokens, config.seed))
     total_steps = config.max_steps or max(1, math.ceil(steps_per_epoch * config.epochs))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=0.0)
     warmup = min(config.warmup_steps, max(1, total_steps // 10))
 
     def schedule(step: int) -> float:
@@ -184,15 +203,11 @@ def train(config: TrainConfig) -> dict:
         return state["step"] >= total_steps or out_of_time
 
     while not finished():
-        batches = _batches(rows, config.batch_tokens, config.seed + epoch)
+        batches = length_batches(lengths, config.batch_tokens, config.seed + epoch)
         for batch in batches[state["step"] - epoch * steps_per_epoch:]:
             began = time.perf_counter()
             loss = answer_loss(model, [rows[i] for i in batch], pad)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(loss, trainable, optimizer, scheduler)
             state["step"] += 1
             state["tokens"] += sum(len(rows[i].tree) for i in batch)
             state["seconds"] += time.perf_counter() - began

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from general_decoding.diffusion import BlockDiffusionSampler, fast_dllm_sampler
-from ner_service.engine import prompts
 from ner_service.engine.spans import Mention
 
 if TYPE_CHECKING:
@@ -35,13 +34,9 @@ def extract_mentions(engine: "NEREngine", windows: list["_Window"], labels: list
     if mask_id is None:
         raise NotADiffusionModelError(f"model {ner_model.config.name!r} is not a masked-diffusion model (no mask token); "
                                       "decoder 'fast_dllm' needs one (train it with `padellm-ner train-diffusion`)")
-    query = engine._tokens(prompts.ar_query())
-    rows = [engine._prefix_tokens(w) + query for w in windows]
-    out = (sampler or default_sampler()).sample(ner_model.model, rows, ner_model.config.max_ar_tokens, int(mask_id),
+    out = (sampler or default_sampler()).sample(ner_model.model, engine._ar_prompts(windows), ner_model.config.max_ar_tokens, int(mask_id),
                                                 ner_model.eos_token_id, engine._pad)
     stats.forward_passes += out.forward_passes
     stats.generated_tokens += out.generated_tokens
     for window, (tokens, logprobs) in enumerate(zip(out.tokens, out.token_logprobs)):
-        for label, text, logprob in engine._ar_lines(tokens, logprobs):
-            if label in labels:
-                mentions[window].append(Mention(label, text, logprob))
+        mentions[window].extend(engine._ar_mentions(tokens, logprobs, labels))

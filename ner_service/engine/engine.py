@@ -270,7 +270,7 @@ class NEREngine:
                     cache = select_rows(prefixes.cache, owner_rows)
                     shared = prefixes.mask[owner_rows].cpu().clone()
                 for position, row in enumerate(rows):
-                    shared[position, (seen or [[]] * len(queries))[row]] = 1
+                    shared[position, seen[row] if seen else []] = 1
                 mask = torch.cat([shared, query_mask], dim=1).to(self._device())
                 context = [prefixes.tokens[o] for o in owner_rows]  # what copy-style drafters read
             else:
@@ -368,8 +368,7 @@ class NEREngine:
     def _autoregressive(
         self, windows: list[_Window], labels: list[str], generator: Decoder, mentions: list[list[Mention]], stats: ExtractionStats
     ) -> None:
-        query = self._tokens(prompts.ar_query())
-        ids, mask = self._left_pad([self._prefix_tokens(w) + query for w in windows])
+        ids, mask = self._left_pad(self._ar_prompts(windows))
         stop = StopCriteria(self.ner_model.config.max_ar_tokens, self._stop_ids)
         rows = [list(range(len(windows)))] if generator.supports_batch else [[i] for i in range(len(windows))]
         for group in rows:
@@ -377,9 +376,16 @@ class NEREngine:
             stats.forward_passes += out.forward_passes
             stats.generated_tokens += sum(len(t) for t in out.tokens)
             for position, w in enumerate(group):
-                for label, text, logprob in self._ar_lines(out.tokens[position], out.token_logprobs[position]):
-                    if label in labels:
-                        mentions[w].append(Mention(label, text, logprob))
+                mentions[w].extend(self._ar_mentions(out.tokens[position], out.token_logprobs[position], labels))
+
+    def _ar_prompts(self, windows: list[_Window]) -> list[list[int]]:
+        """Each window's prompt for the all-entities query (AR baseline, diffusion)."""
+        query = self._tokens(prompts.ar_query())
+        return [self._prefix_tokens(w) + query for w in windows]
+
+    def _ar_mentions(self, tokens: list[int], logprobs: list[float], labels: list[str]) -> list[Mention]:
+        """The mentions of ``labels`` in an all-entities answer."""
+        return [Mention(label, text, logprob) for label, text, logprob in self._ar_lines(tokens, logprobs) if label in labels]
 
     def _ar_lines(self, tokens: list[int], logprobs: list[float]) -> list[tuple[str, str, float]]:
         """Split an AR answer into ``(label, mention, logprob)`` lines (malformed lines dropped)."""

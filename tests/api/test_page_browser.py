@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.live_server import live_server
 from tests.conftest import SHIPPED_EN
+from tests.local_services import live_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

@@ -8,8 +8,6 @@ nowhere else.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +17,7 @@ from schemathesis.checks import not_a_server_error
 
 from ner_service.api.app import create_app
 from tests.api.conftest import tiny_settings
-from tests.api.live_server import free_port, live_server
+from tests.local_services import PrivateRedis, free_port, live_server
 
 MAX_EXAMPLES = 25
 
@@ -29,27 +27,10 @@ def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A redis-server of our own on a free port (no persistence); its URL."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    import redis
-
-    port = free_port()
-    log = tmp_path_factory.mktemp("redis") / "redis.log"
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )
-    client = redis.Redis(port=port)
-    try:
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        client.close()
-        process.kill()
-        process.wait(timeout=30)
+    server = PrivateRedis(free_port(), tmp_path_factory.mktemp("redis") / "redis.log")
+    server.start()
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture(scope="module")

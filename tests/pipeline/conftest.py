@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.local_services import PrivateRedis, free_port
 
 
 PG_ADMIN = os.environ.get("PADELLM_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -97,45 +96,6 @@ def redis_db13() -> Iterator[str]:
     yield REDIS_TEST_URL
     client.flushdb()
     client.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class PrivateRedis:
-    """A redis-server of our own (no persistence) that tests may stop and start again."""
-
-    def __init__(self, port: int, log: Path) -> None:
-        self.port, self.log = port, log
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        import redis
-
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"],
-            stdout=self.log.open("a"), stderr=subprocess.STDOUT,
-        )
-        client = redis.Redis(port=self.port)
-        for _ in range(200):
-            try:
-                client.ping()
-                return
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=30)
 
 
 @pytest.fixture

@@ -1,0 +1,96 @@
+"""Throw-away local services for tests and benchmarks: a free loopback port, a private
+redis-server (no persistence) that can be stopped and started again, and the real API app
+under uvicorn."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class PrivateRedis:
+    """A redis-server of our own on ``port`` (no persistence), its output appended to ``log``."""
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port, self.log = port, log
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start the server and wait until it answers PING."""
+        import redis
+
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"],
+            stdout=self.log.open("a"), stderr=subprocess.STDOUT,
+        )
+        client = redis.Redis(port=self.port)
+        try:
+            for _ in range(200):
+                try:
+                    client.ping()
+                    return
+                except redis.exceptions.ConnectionError:
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        """Kill the server (everything it held is lost)."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+@contextmanager
+def live_server(env: dict[str, str], log: Path, ready_timeout_s: float = 300.0) -> Iterator[str]:
+    """Run ``ner_service.api.app:create_app`` with ``env`` added to the environment until ``/readyz``
+    answers 200; yield its base URL; stop it. Its output goes to ``log`` (quoted when it fails to start)."""
+    port = free_port()
+    command = [sys.executable, "-m", "uvicorn", "ner_service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, cwd=REPO, env=os.environ | env, stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the server exited:\n{log.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server was not ready in time:\n{log.read_text()[-4000:]}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # still answering requests in flight
+            process.kill()
+            process.wait(timeout=30)
