@@ -8,7 +8,10 @@ by sentence so that machine noise hits them alike:
 * ``padellm_reencode``: PaDeLLM re-encoding the text for every query (the reference
   implementation's way).
 
-Usage: python benchmarks/padellm_vs_ar.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
+``--backend`` is the token decoder of PaDeLLM's mention answers, ``--ar-backend`` that of the
+baseline (greedy unless asked: the baseline as the paper runs it).
+
+Usage: python benchmarks/padellm_vs_ar.py [--limit N] [--json PATH] [--model NAME] [--data FILE] [--backend NAME] [--ar-backend NAME]
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/padellm_vs_ar.json")
     parser.add_argument("--model", default="en-conll03")
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
-    parser.add_argument("--backend", default="greedy", help="token decoder for mention step and AR")
+    parser.add_argument("--backend", default="greedy", help="token decoder of PaDeLLM's mention answers (default %(default)s)")
+    parser.add_argument("--ar-backend", default="greedy", help="token decoder of the AR baseline (default %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
@@ -51,17 +55,17 @@ def main() -> None:
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
     shared = NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
     engines = {
-        "ar": (shared, "ar"),
-        "padellm": (shared, "padellm"),
-        "padellm_reencode": (NEREngine(shared.ner_model, share_prefix=False), "padellm"),
+        "ar": (shared, "ar", args.ar_backend),
+        "padellm": (shared, "padellm", args.backend),
+        "padellm_reencode": (NEREngine(shared.ner_model, share_prefix=False), "padellm", args.backend),
     }
     shared.extract([examples[0].text], decoder="padellm")  # warm-up
     latency: dict[str, list[float]] = {v: [] for v in VARIANTS}
     forwards: dict[str, list[int]] = {v: [] for v in VARIANTS}
     predicted: dict[str, list[list[tuple[int, int, str]]]] = {v: [] for v in VARIANTS}
     for example in tqdm(examples, desc="sentences", unit="text"):
-        for variant, (engine, decoder) in engines.items():
-            (result,) = engine.extract([example.text], decoder=decoder, backend=args.backend)
+        for variant, (engine, decoder, backend) in engines.items():
+            (result,) = engine.extract([example.text], decoder=decoder, backend=backend)
             latency[variant].append(result.stats.latency_ms)
             forwards[variant].append(result.stats.forward_passes)
             predicted[variant].append([(e.start, e.end, e.label) for e in result.entities])
@@ -79,11 +83,11 @@ def main() -> None:
             "speedup_vs_ar": ar_mean / mean,
             "forward_passes_mean": statistics.fmean(forwards[variant]),
         })
-    print(f"\n{args.model} on {len(examples)} sentences of {args.data}, batch 1, backend {args.backend}, {args.dtype}, {args.device}"
+    print(f"\n{args.model} on {len(examples)} sentences of {args.data}, batch 1, backend {args.backend} (AR: {args.ar_backend}), {args.dtype}, {args.device}"
           + ("" if args.device != "cpu" else f", {torch.get_num_threads()} threads"))
     print_table(rows, ["variant", "f1", "latency_ms_mean", "latency_ms_p50", "latency_ms_p90", "speedup_vs_ar", "forward_passes_mean"])
     path = write_json(args.json, {"benchmark": "padellm_vs_ar", "model": args.model, "n_sentences": len(examples),
-                                  "backend": args.backend, "dtype": args.dtype, "device": args.device, "results": rows})
+                                  "backend": args.backend, "ar_backend": args.ar_backend, "dtype": args.dtype, "device": args.device, "results": rows})
     png = bar_plots(path.with_suffix(".png"), list(VARIANTS), {
         "mean latency (ms)": [r["latency_ms_mean"] for r in rows],
         "speed-up over AR": [r["speedup_vs_ar"] for r in rows],

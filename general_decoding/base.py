@@ -55,7 +55,8 @@ class Decoder(ABC):
 
     ``input_ids`` holds the tokens not yet in ``past_key_values`` (rows left-padded, so that
     every row's next token is predicted from the last column); ``attention_mask`` covers the
-    cached columns and ``input_ids``. The cache is extended in place.
+    cached columns and ``input_ids``. The cache is the decoder's once passed: it is extended in
+    place, and a decoder may drop the rows that finished from it.
     """
 
     name: str = ""

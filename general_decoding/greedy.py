@@ -6,12 +6,13 @@ import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
 from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
+from general_decoding.kv_cache import keep_rows
 from general_decoding.registry import register_decoder
 
 
 @register_decoder("greedy")
 class GreedyDecoder(Decoder):
-    """One token per row per forward pass; rows stop independently."""
+    """One token per row per forward pass; a row that stops leaves the batch and the cache."""
 
     def _generate(
         self,
@@ -29,7 +30,7 @@ class GreedyDecoder(Decoder):
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         scores = [0.0] * batch
         stopped = [False] * batch
-        done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
+        rows = list(range(batch))  # the original row of each row still in the batch
         stop_ids = torch.tensor(sorted(stop.stop_token_ids), device=input_ids.device)
         forwards = 0
         accepted: list[int] = []
@@ -47,21 +48,25 @@ class GreedyDecoder(Decoder):
             step_logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
             next_ids = step_logprobs.argmax(-1)
             next_lp = step_logprobs.gather(-1, next_ids[:, None])[:, 0]
-            is_stop = torch.isin(next_ids, stop_ids)
-            emitted = 0
-            for row in torch.nonzero(~done).flatten().tolist():
-                scores[row] += float(next_lp[row])
-                if bool(is_stop[row]):
+            is_stop = torch.isin(next_ids, stop_ids).tolist()
+            done = []
+            for row, token, lp, ends in zip(rows, next_ids.tolist(), next_lp.tolist(), is_stop):
+                scores[row] += lp
+                if ends:
                     stopped[row] = True
                 else:
-                    tokens[row].append(int(next_ids[row]))
-                    logprobs[row].append(float(next_lp[row]))
-                emitted += 1
-            accepted.append(emitted)
-            done |= is_stop | torch.tensor([len(t) >= stop.max_new_tokens for t in tokens], device=done.device)
-            if bool(done.all()):
+                    tokens[row].append(token)
+                    logprobs[row].append(lp)
+                done.append(ends or len(tokens[row]) >= stop.max_new_tokens)
+            accepted.append(len(rows))
+            if all(done):
                 break
+            if any(done):  # finished rows leave the batch (and the cache): later forwards are smaller
+                keep = torch.tensor([i for i, d in enumerate(done) if not d], device=input_ids.device)
+                keep_rows(cache, keep)
+                rows = [rows[i] for i in keep.tolist()]
+                attention_mask, positions, next_ids = attention_mask[keep], positions[keep], next_ids[keep]
             step_ids = next_ids[:, None]
-            attention_mask = torch.cat([attention_mask, (~done).long()[:, None]], dim=1)
+            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
             positions = positions[:, -1:] + 1
         return Generation(tokens, logprobs, scores, stopped, forwards, accepted)

@@ -16,6 +16,14 @@ def select_rows(cache: Cache, rows: torch.Tensor | list[int]) -> DynamicCache:
     return DynamicCache(ddp_cache_data=data)
 
 
+def keep_rows(cache: Cache, rows: torch.Tensor) -> None:
+    """Keep only the batch rows ``rows`` (in that order), in place: drop rows that finished."""
+    for layer in cache.layers:
+        index = rows.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)
+
+
 def keep_first(cache: Cache, length: int) -> None:
     """Drop every cached column after the first ``length`` (roll back rejected tokens), in place."""
     for layer in cache.layers:

@@ -48,24 +48,56 @@ def tree_mask(branch_of: torch.Tensor) -> torch.Tensor:
 def collate_trees(
     trees: list[PackedTree], pad_token_id: int, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-pad trees into ``input_ids``, ``position_ids`` and an additive 4D attention mask.
+    """Right-pad trees, one per row, into ``input_ids``, ``position_ids`` and an additive 4D
+    attention mask (see :func:`collate_tree_rows`)."""
+    ids, positions, mask, _ = collate_tree_rows([[tree] for tree in trees], pad_token_id, dtype)
+    return ids, positions, mask
 
-    The mask has shape ``[batch, 1, L, L]`` with 0 where attention is allowed and the dtype's
-    minimum elsewhere; padding positions attend to themselves only, so no row is empty.
-    """
-    length = max(len(t) for t in trees)
-    batch = len(trees)
+
+def collate_tree_rows(
+    rows: list[list[PackedTree]], pad_token_id: int, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
+    """Lay each row's trees one after another, right-pad the rows, and build the additive 4D
+    attention mask: ``[batch, 1, L, L]``, 0 where attention is allowed and the dtype's minimum
+    elsewhere. A tree sees nothing of the other trees in its row (its positions start at 0);
+    padding positions attend to themselves only, so no row is empty. Also returns each
+    tree's first column."""
+    length = max(sum(len(t) for t in trees) for trees in rows)
+    batch = len(rows)
     input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((batch, length), dtype=torch.long)
     allowed = torch.eye(length, dtype=torch.bool).repeat(batch, 1, 1)
-    for row, tree in enumerate(trees):
-        n = len(tree)
-        input_ids[row, :n] = torch.tensor(tree.input_ids)
-        position_ids[row, :n] = torch.tensor(tree.position_ids)
-        allowed[row, :n, :n] = tree_mask(torch.tensor(tree.branch_of))
+    offsets: list[list[int]] = []
+    for row, trees in enumerate(rows):
+        start = 0
+        offsets.append([])
+        for tree in trees:
+            end = start + len(tree)
+            input_ids[row, start:end] = torch.tensor(tree.input_ids)
+            position_ids[row, start:end] = torch.tensor(tree.position_ids)
+            allowed[row, start:end, start:end] = tree_mask(torch.tensor(tree.branch_of))
+            offsets[-1].append(start)
+            start = end
     mask = torch.zeros((batch, 1, length, length), dtype=dtype)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-    return input_ids, position_ids, mask
+    return input_ids, position_ids, mask, offsets
+
+
+def pack_rows(lengths: list[int], capacity: int | None = None) -> list[list[int]]:
+    """Group items (by index) into rows no longer than ``capacity`` (default: the longest item),
+    first-fit decreasing: short sequences share a row instead of being padded to the longest."""
+    capacity = max(lengths, default=0) if capacity is None else max(capacity, *lengths, 0)
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for item in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        row = next((r for r, room in enumerate(free) if room >= lengths[item]), None)
+        if row is None:
+            rows.append([])
+            free.append(capacity)
+            row = len(rows) - 1
+        rows[row].append(item)
+        free[row] -= lengths[item]
+    return rows
 
 
 def parents_of(tree: PackedTree) -> list[int]:
@@ -94,11 +126,42 @@ def collate_parent_trees(
     for row, (ids, parents) in enumerate(rows):
         depth = [0] * len(ids)
         for i, parent in enumerate(parents):
-            if parent >= 0:
-                allowed[row, i] |= allowed[row, parent]
-                depth[i] = depth[parent] + 1
+            depth[i] = depth[parent] + 1 if parent >= 0 else 0
+        allowed[row, : len(ids), : len(ids)] = ancestor_mask(parents)
         input_ids[row, : len(ids)] = torch.tensor(ids)
         position_ids[row, : len(ids)] = torch.tensor(depth)
     mask = torch.zeros((len(rows), 1, length, length), dtype=dtype)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     return input_ids, position_ids, mask
+
+
+def build_trie(sequences: list[list[int]]) -> tuple[list[int], list[int], list[int]]:
+    """Merge token sequences that share a beginning into one trie: its nodes' token ids, each
+    node's parent (-1 for a first token), and the node each sequence ends at. Feeding the
+    nodes under :func:`ancestor_mask` computes every sequence at once, shared tokens once."""
+    ids: list[int] = []
+    parents: list[int] = []
+    index: dict[tuple[int, int], int] = {}
+    ends = []
+    for sequence in sequences:
+        if not sequence:
+            raise ValueError("a trie sequence needs at least one token")
+        node = -1
+        for token in sequence:
+            if (node, token) not in index:
+                index[node, token] = len(ids)
+                ids.append(token)
+                parents.append(node)
+            node = index[node, token]
+        ends.append(node)
+    return ids, parents, ends
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """Boolean ``[N, N]``: node i may attend node j when j is i or one of its ancestors
+    (parents come before their children)."""
+    allowed = torch.eye(len(parents), dtype=torch.bool)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            allowed[node] |= allowed[parent]
+    return allowed

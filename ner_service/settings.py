@@ -27,7 +27,7 @@ class Settings(BaseSettings):
     ner_max_texts: int = 64
     ner_request_timeout_s: float = 60.0
     ner_microbatch: bool = True
-    ner_batch_wait_ms: float = 5.0
+    ner_batch_wait_ms: float = 20.0  # long enough for the clients of the batch just answered to send their next request
     ner_batch_max_texts: int = 16
     ner_queue_max: int = 256
     # pipeline

@@ -18,7 +18,8 @@ from ner_service.engine import ModelNotFoundError
 from ner_service.settings import get_settings
 from pipeline import service
 from pipeline.db import session_factory
-from pipeline.model_version import DEFAULT_DECODER, model_version_of_path
+from pipeline.model_version import DEFAULT_DECODER
+from pipeline.routing import EngineRouter
 
 log = logging.getLogger(__name__)
 MAX_DOCUMENTS_PER_REQUEST = 10_000
@@ -86,16 +87,22 @@ def submit_job(request: JobRequest, session: SessionDep, response: Response) -> 
     a job and hand it to the workers."""
     from pipeline.tasks import enqueue_job
 
+    engines = EngineRouter.configured()
     try:
-        version = model_version_of_path(get_settings().ner_model)
+        engines.version(engines.default)
     except ModelNotFoundError as error:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from None
+    for language in {d.language for d in request.documents or []}:
+        try:
+            engines.model_for(language)
+        except ModelNotFoundError as error:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     try:
         if request.documents is not None:
             ids = service.add_documents(session, [service.NewDocument(d.text, d.external_id, d.language, "api") for d in request.documents])
         else:
             ids = request.document_ids or []
-        job = service.create_job(session, ids, version, request.decoder)
+        job = service.create_job(session, ids, engines.versions_for(service.languages_of(session, ids)), request.decoder)
         session.commit()
     except service.UnknownDocumentsError as error:
         session.rollback()

@@ -29,16 +29,16 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_run(args: argparse.Namespace) -> int:
-    import torch
     from tqdm import tqdm
 
-    from ner_service.engine import NEREngine
     from ner_service.settings import get_settings
+    from pipeline.routing import EngineRouter
     from pipeline.runner import run_pending
 
     settings = get_settings()
     sessions = _sessions()
-    engine = NEREngine.load(settings.ner_model, dtype=getattr(torch, settings.ner_dtype), device=settings.ner_device)
+    router = EngineRouter.configured()
+    router.engine(router.default)  # a model that cannot load fails here, before any job is created
     bar: tqdm | None = None
 
     def on_start(total: int) -> None:
@@ -49,7 +49,7 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
         assert bar is not None
         bar.update(outcome.processed + outcome.failed)
 
-    status = run_pending(sessions, engine, args.chunk_size or settings.pipeline_chunk_size, limit=args.limit,
+    status = run_pending(sessions, router, args.chunk_size or settings.pipeline_chunk_size, limit=args.limit,
                          reprocess=settings.reprocess_on_model_change, decoder=args.decoder, on_start=on_start, on_chunk=on_chunk)
     if bar is not None:
         bar.close()

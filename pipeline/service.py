@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, and_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from ner_service.engine import STRATEGIES
+from ner_service.engine import STRATEGIES, ModelNotFoundError
 from ner_service.settings import get_settings
 from pipeline.model_version import DEFAULT_DECODER, results_version
 from pipeline.models import Document, DocumentResult, DocumentStatus, EntityRow, Job, JobDocument, JobStatus, utcnow
+from pipeline.routing import EngineRouter
 
 log = logging.getLogger(__name__)
 
@@ -146,15 +147,26 @@ def pending_document_ids(session: Session, job_id: int) -> list[int]:
     ))
 
 
-def documents_to_run(session: Session, model_version: str, reprocess: bool = False, limit: int | None = None) -> list[int]:
+def languages_of(session: Session, document_ids: Sequence[int]) -> set[str | None]:
+    """The distinct languages of some documents (``None`` for documents without one)."""
+    return set(session.scalars(select(Document.language).where(Document.id.in_(list(document_ids))).distinct()))
+
+
+def documents_to_run(session: Session, version_of: Callable[[str | None], str | None], reprocess: bool = False,
+                     limit: int | None = None) -> list[int]:
     """Pending documents, plus (``reprocess``) processed documents with results only for other
-    model versions; documents already in a queued or running job are left out."""
+    model versions than ``version_of(language)``, the current one for their language;
+    documents already in a queued or running job are left out."""
     active = select(JobDocument.document_id).join(Job, Job.id == JobDocument.job_id).where(Job.status.in_(JobStatus.ACTIVE))
     wanted = Document.status == DocumentStatus.PENDING
     if reprocess:
-        current = select(DocumentResult.document_id).where(DocumentResult.model_version == model_version)
-        older = select(DocumentResult.document_id).where(DocumentResult.model_version != model_version)
-        wanted = wanted | ((Document.status == DocumentStatus.PROCESSED) & Document.id.in_(older) & Document.id.not_in(current))
+        languages = session.scalars(select(Document.language).where(Document.status == DocumentStatus.PROCESSED).distinct())
+        current_by_language = [(language, version) for language in languages if (version := version_of(language))]
+        if current_by_language:
+            is_current = or_(*(and_(Document.language.is_(None) if language is None else Document.language == language,
+                                    DocumentResult.model_version == version) for language, version in current_by_language))
+            current = select(DocumentResult.document_id).join(Document, Document.id == DocumentResult.document_id).where(is_current)
+            wanted = wanted | ((Document.status == DocumentStatus.PROCESSED) & Document.id.not_in(current))
     query = select(Document.id).where(wanted, Document.id.not_in(active)).order_by(Document.id)
     return list(session.scalars(query.limit(limit) if limit else query))
 
@@ -219,10 +231,10 @@ def record_failure(session: Session, job_id: int, document_id: int, error: str) 
     return True
 
 
-def process_chunk(sessions: sessionmaker[Session], engine, job_id: int, document_ids: Sequence[int], version: str) -> ChunkOutcome:
-    """Run the chunk's still-pending documents of a job through ``engine`` and record each
-    document in its own transaction. ``version`` is the engine's model version. Safe to call
-    again with the same arguments (redelivery): finished documents are skipped."""
+def process_chunk(sessions: sessionmaker[Session], router: EngineRouter, job_id: int, document_ids: Sequence[int]) -> ChunkOutcome:
+    """Run the chunk's still-pending documents of a job through the engine of each document's
+    language and record each document in its own transaction, under that engine's model
+    version. Safe to call again with the same arguments (redelivery): finished documents are skipped."""
     outcome = ChunkOutcome()
     with sessions.begin() as session:
         # the write comes first so that SQLite takes its write lock before any read
@@ -234,35 +246,43 @@ def process_chunk(sessions: sessionmaker[Session], engine, job_id: int, document
             raise UnknownJobError(f"no job {job_id}")
         if job.status not in JobStatus.ACTIVE:
             return outcome
-        key = results_version(version, job.decoder)
         decoder = job.decoder
         rows = session.execute(
-            select(Document.id, Document.text)
+            select(Document.id, Document.text, Document.language)
             .join(JobDocument, JobDocument.document_id == Document.id)
             .where(JobDocument.job_id == job_id, JobDocument.status == DocumentStatus.PENDING, Document.id.in_(list(document_ids)))
             .order_by(Document.id)
         ).all()
-        done = set(session.scalars(select(DocumentResult.document_id).where(
-            DocumentResult.model_version == key, DocumentResult.document_id.in_([r.id for r in rows]))))
-    results: dict[int, Sequence[Any] | str] = {}
-    to_run = []
+    results: dict[int, tuple[str, Sequence[Any]] | str] = {}  # (results version, entities) or an error
+    by_model: dict[str, list[Any]] = {}
     for row in rows:
-        problem = None if row.id in done else text_problem(row.text)
-        if row.id in done:
-            results[row.id] = ()  # stored earlier under this version: only the job's count moves
-        elif problem:
-            results[row.id] = problem
-        else:
-            to_run.append(row)
-    for row, entities in zip(to_run, _extract(engine, [r.text for r in to_run], decoder) if to_run else []):
-        results[row.id] = f"{type(entities).__name__}: {entities}" if isinstance(entities, Exception) else entities
+        try:
+            by_model.setdefault(router.model_for(row.language), []).append(row)
+        except ModelNotFoundError as error:
+            results[row.id] = str(error)
+    for model, model_rows in by_model.items():
+        key = results_version(router.version(model), decoder)
+        with sessions() as session:
+            done = set(session.scalars(select(DocumentResult.document_id).where(
+                DocumentResult.model_version == key, DocumentResult.document_id.in_([r.id for r in model_rows]))))
+        to_run = []
+        for row in model_rows:
+            if row.id in done:
+                results[row.id] = (key, ())  # stored earlier under this version: only the job's count moves
+            elif problem := text_problem(row.text):
+                results[row.id] = problem
+            else:
+                to_run.append(row)
+        if to_run:
+            for row, entities in zip(to_run, _extract(router.engine(model), [r.text for r in to_run], decoder)):
+                results[row.id] = f"{type(entities).__name__}: {entities}" if isinstance(entities, Exception) else (key, entities)
     for row in rows:
         value = results[row.id]
         with sessions.begin() as session:
             if isinstance(value, str):
                 outcome.failed += record_failure(session, job_id, row.id, value)
             else:
-                outcome.processed += record_result(session, job_id, row.id, key, value)
+                outcome.processed += record_result(session, job_id, row.id, *value)
     return outcome
 
 

@@ -11,38 +11,35 @@ import sqlalchemy.exc
 from celery.signals import worker_process_init
 from kombu.exceptions import OperationalError as BrokerError
 
-from ner_service.engine import NEREngine
 from ner_service.settings import get_settings
 from pipeline import service
 from pipeline.celery_app import app
 from pipeline.db import session_factory
-from pipeline.model_version import DEFAULT_DECODER, model_version, model_version_of_path
+from pipeline.model_version import DEFAULT_DECODER
 from pipeline.models import utcnow
+from pipeline.routing import EngineRouter
 
 log = logging.getLogger(__name__)
 
 #: Errors worth retrying: the database or Redis is briefly unreachable or locked.
 TRANSIENT = (sqlalchemy.exc.OperationalError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, BrokerError)
 
-_engine: NEREngine | None = None
+_router: EngineRouter | None = None
 
 
-def get_engine() -> NEREngine:
-    """This process's engine for ``NER_MODEL`` (loaded on first call, then cached)."""
-    global _engine
-    if _engine is None:
-        import torch
-
-        settings = get_settings()
-        _engine = NEREngine.load(settings.ner_model, dtype=getattr(torch, settings.ner_dtype), device=settings.ner_device)
-        log.info("loaded %s (%s)", _engine.name, model_version(_engine))
-    return _engine
+def get_router() -> EngineRouter:
+    """This process's engines: ``NER_MODEL`` and, on first use, the model of each other language."""
+    global _router
+    if _router is None or _router.default != get_settings().ner_model:
+        _router = EngineRouter.configured()
+    return _router
 
 
 @worker_process_init.connect
 def _load_engine(**_: object) -> None:
     try:
-        get_engine()
+        router = get_router()
+        router.engine(router.default)
     except Exception:  # noqa: BLE001 - the first task loads it again and fails its job with the error
         log.exception("could not load the NER model at worker start")
 
@@ -62,8 +59,7 @@ def enqueue_job(job_id: int) -> int:
 def process_chunk(self, job_id: int, document_ids: list[int]) -> dict[str, int]:
     """Process some documents of a job (idempotent: safe to run again after a crash or redelivery)."""
     try:
-        engine = get_engine()
-        outcome = service.process_chunk(session_factory(), engine, job_id, document_ids, model_version(engine))
+        outcome = service.process_chunk(session_factory(), get_router(), job_id, document_ids)
     except TRANSIENT:
         raise
     except service.UnknownJobError:
@@ -79,7 +75,8 @@ def process_chunk(self, job_id: int, document_ids: list[int]) -> dict[str, int]:
 def start_job(document_ids: list[int], decoder: str = DEFAULT_DECODER) -> int:
     """Create a job over ``document_ids`` for the configured model and enqueue it."""
     with session_factory().begin() as session:
-        job_id = service.create_job(session, document_ids, model_version_of_path(get_settings().ner_model), decoder).id
+        versions = EngineRouter.configured().versions_for(service.languages_of(session, document_ids))
+        job_id = service.create_job(session, document_ids, versions, decoder).id
     enqueue_job(job_id)
     return job_id
 
@@ -90,7 +87,7 @@ def nightly() -> int | None:
     document whose results are for another model version); returns its id."""
     settings = get_settings()
     with session_factory()() as session:
-        ids = service.documents_to_run(session, model_version_of_path(settings.ner_model), settings.reprocess_on_model_change)
+        ids = service.documents_to_run(session, EngineRouter.configured().version_for, settings.reprocess_on_model_change)
     if not ids:
         log.info("nightly run: nothing to do")
         return None

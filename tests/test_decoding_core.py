@@ -8,7 +8,7 @@ import torch
 
 from general_decoding import StopCriteria, UnknownDecoderError, get_decoder
 from general_decoding.kv_cache import cache_bytes, select_rows
-from general_decoding.tree_attention import collate_trees, pack_branches
+from general_decoding.tree_attention import collate_tree_rows, collate_trees, pack_branches, pack_rows
 
 PROMPTS = ["Text: EU rejects German call to boycott British lamb .\nAll entities:", "Text: Peter Blackburn\nPER count:", "Text: a\n"]
 
@@ -75,3 +75,25 @@ def test_selecting_cache_rows_copies_the_shared_prefix(tiny_engine) -> None:
     branched = select_rows(cache, [0, 0, 0])
     assert cache_bytes(branched) == 3 * cache_bytes(cache)
     assert torch.equal(branched.layers[0].keys[2], cache.layers[0].keys[0])
+
+
+def test_trees_packed_in_one_row_see_nothing_of_each_other() -> None:
+    first, second = pack_branches([1, 2], [[3], [4, 5]]), pack_branches([6], [[7]])
+    ids, positions, mask, offsets = collate_tree_rows([[first, second], [second]], pad_token_id=0)
+    assert offsets == [[0, 5], [0]]
+    assert ids.tolist() == [[1, 2, 3, 4, 5, 6, 7], [6, 7, 0, 0, 0, 0, 0]]
+    assert positions[0].tolist() == [0, 1, 2, 2, 3, 0, 1]  # the second tree's positions start again
+    allowed = mask[0, 0] == 0
+    assert allowed[5:, :5].sum() == 0 and allowed[:5, 5:].sum() == 0  # block-diagonal
+    assert allowed[6].tolist() == [False] * 5 + [True, True]
+    # one tree per row is exactly collate_trees
+    alone = collate_tree_rows([[first], [second]], pad_token_id=0)[:3]
+    for packed, single in zip(alone, collate_trees([first, second], pad_token_id=0)):
+        assert torch.equal(packed, single)
+
+
+def test_pack_rows_fills_rows_up_to_the_longest_item() -> None:
+    rows = pack_rows([10, 3, 7, 2, 9, 1])
+    assert sorted(i for row in rows for i in row) == list(range(6))
+    assert all(sum([10, 3, 7, 2, 9, 1][i] for i in row) <= 10 for row in rows)
+    assert len(rows) == 4 and pack_rows([]) == []

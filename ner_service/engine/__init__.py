@@ -2,7 +2,7 @@
 
 from ner_service.engine.engine import STRATEGIES, Extraction, ExtractionStats, NEREngine, UnknownLabelError
 from ner_service.engine.model_loading import ModelNotFoundError
-from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel, NERModelConfig, default_model_for_language, shipped_model_names
+from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel, NERModelConfig, default_model_for_language, model_for_language, shipped_model_names
 from ner_service.engine.spans import Entity
 
 __all__ = [
@@ -17,5 +17,6 @@ __all__ = [
     "NERModelConfig",
     "UnknownLabelError",
     "default_model_for_language",
+    "model_for_language",
     "shipped_model_names",
 ]

@@ -33,7 +33,7 @@ from general_decoding import Decoder, Generation, StopCriteria, get_decoder
 from general_decoding.base import position_ids_from_mask
 from general_decoding.diffusion import BlockDiffusionSampler
 from general_decoding.kv_cache import cache_bytes, select_rows
-from general_decoding.tree_attention import collate_trees, pack_branches
+from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, pack_branches, pack_rows
 from ner_service.engine import diffusion, prompts
 from ner_service.engine.chunking import chunk_spans
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
@@ -82,11 +82,13 @@ class _Window:
 
 @dataclass
 class _Prefixes:
-    """The windows' prefix tokens and, when shared, their KV cache and attention mask."""
+    """The windows' prefix tokens and, when shared, their KV cache: short windows share a cache
+    row (``row_of``), and ``mask[w]`` marks the cached columns of window w's prefix."""
 
     tokens: list[list[int]]
     cache: Cache | None = None
     mask: torch.Tensor | None = None
+    row_of: list[int] = field(default_factory=list)
     #: per (window, label), the count query's tokens and their columns in ``cache``
     count_branches: dict[tuple[int, str], tuple[list[int], list[int]]] = field(default_factory=dict)
 
@@ -217,19 +219,26 @@ class NEREngine:
                                position_ids=position_ids_from_mask(mask).to(self._device()), logits_to_keep=1).logits[:, -1]
             else:
                 trees = [pack_branches(p, queries) for p in prefixes.tokens]
-                ids, positions, tree_mask = collate_trees(trees, self._pad, dtype=model.dtype)
+                rows = pack_rows([len(t) for t in trees])
+                ids, positions, tree_mask, offsets = collate_tree_rows([[trees[w] for w in row] for row in rows], self._pad, dtype=model.dtype)
                 out = model.get_decoder()(input_ids=ids.to(self._device()), attention_mask=tree_mask.to(self._device()),
                                           position_ids=positions.to(self._device()), past_key_values=DynamicCache(), use_cache=True)
+                start = [0] * len(windows)
+                prefixes.row_of = [0] * len(windows)
+                for row, (members, row_offsets) in enumerate(zip(rows, offsets)):
+                    for w, offset in zip(members, row_offsets):
+                        prefixes.row_of[w], start[w] = row, offset
                 ends = list(itertools.accumulate(len(q) for q in queries))
-                rows = [w for w, p in enumerate(prefixes.tokens) for _ in queries]
-                columns = [len(p) + end - 1 for p in prefixes.tokens for end in ends]
-                logits = model.get_output_embeddings()(out.last_hidden_state[rows, columns])
+                logits = model.get_output_embeddings()(out.last_hidden_state[
+                    [prefixes.row_of[w] for w in range(len(windows)) for _ in queries],
+                    [start[w] + len(p) + end - 1 for w, p in enumerate(prefixes.tokens) for end in ends]])
                 prefixes.cache = out.past_key_values
+                prefixes.mask = torch.zeros(len(windows), ids.shape[1], dtype=torch.long, device=self._device())
                 for w, p in enumerate(prefixes.tokens):
+                    prefixes.mask[w, start[w]:start[w] + len(p)] = 1
                     for label, query, end in zip(labels, queries, ends):
-                        prefixes.count_branches[w, label] = (query, list(range(len(p) + end - len(query), len(p) + end)))
-                width = ids.shape[1]
-                prefixes.mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prefixes.tokens], device=self._device())
+                        first = start[w] + len(p) + end - len(query)
+                        prefixes.count_branches[w, label] = (query, list(range(first, first + len(query))))
         stats.forward_passes += 1
         return prefixes, logits.argmax(-1).tolist()
 
@@ -250,6 +259,8 @@ class NEREngine:
         sequence over that window's prefix cache; the others get one row per query, each
         row selecting its window's cached prefix."""
         stop = StopCriteria(max_new_tokens, self._stop_ids)
+        if prefixes.cache is not None and not generator.shares_cache:
+            return self._trie_branches(prefixes, owners, queries, seen or [[] for _ in queries], generator, stop, stats)
         if generator.shares_cache and prefixes.cache is not None:
             groups = [[r for r in range(len(queries)) if owners[r] == w] for w in dict.fromkeys(owners)]
         elif generator.supports_batch:
@@ -267,7 +278,7 @@ class NEREngine:
                     shared = torch.zeros(len(rows), cache.get_seq_length(), dtype=torch.long)
                     shared[:, : prefixes.mask.shape[1]] = prefixes.mask[owner_rows[0]].cpu()
                 else:
-                    cache = select_rows(prefixes.cache, owner_rows)
+                    cache = select_rows(prefixes.cache, [prefixes.row_of[o] for o in owner_rows])
                     shared = prefixes.mask[owner_rows].cpu().clone()
                 for position, row in enumerate(rows):
                     shared[position, seen[row] if seen else []] = 1
@@ -292,14 +303,113 @@ class NEREngine:
         stats.generated_tokens += sum(len(t) for t in merged.tokens)
         return merged
 
+    def _trie_branches(
+        self,
+        prefixes: _Prefixes,
+        owners: list[int],
+        queries: list[list[int]],
+        seen: list[list[int]],
+        generator: Decoder,
+        stop: StopCriteria,
+        stats: ExtractionStats,
+    ) -> Generation:
+        """:meth:`_branch` over the cached prefixes: one forward feeds every query, the queries
+        that continue the same cached columns merged into a trie (a count's confirmation and
+        its label's mention queries share the count and the label tokens); it yields each
+        row's first answer token. Then ``generator`` decodes the unfinished rows, each row
+        over its window's cache row and its query's trie path."""
+        assert prefixes.cache is not None and prefixes.mask is not None
+        device = self._device()
+        groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}  # queries behind the same cached columns
+        for r, (owner, columns) in enumerate(zip(owners, seen)):
+            groups.setdefault((owner, tuple(columns)), []).append(r)
+        tries = [build_trie([queries[r] for r in members]) for members in groups.values()]
+        # node rows: tries of windows in the same cache row, packed up to the largest trie
+        by_cache_row: dict[int, list[int]] = {}
+        for g, (owner, _) in enumerate(groups):
+            by_cache_row.setdefault(prefixes.row_of[owner], []).append(g)
+        capacity = max(len(ids) for ids, _, _ in tries)
+        node_rows = [(cache_row, [members[i] for i in packed]) for cache_row, members in by_cache_row.items()
+                     for packed in pack_rows([len(tries[g][0]) for g in members], capacity)]
+        width = prefixes.mask.shape[1]
+        row_ids: list[list[int]] = [[] for _ in node_rows]
+        row_parents: list[list[int]] = [[] for _ in node_rows]
+        row_base: list[list[torch.Tensor]] = [[] for _ in node_rows]  # per node: visible cached columns
+        row_start: list[list[int]] = [[] for _ in node_rows]  # per node: position of its trie's first token
+        last: list[tuple[int, int]] = [(0, 0)] * len(queries)  # per query: (node row, node)
+        keys = list(groups)
+        for row, (_, members) in enumerate(node_rows):
+            for g in members:
+                (owner, columns), (ids, parents, ends) = keys[g], tries[g]
+                base = prefixes.mask[owner].bool().clone()
+                base[list(columns)] = True
+                offset = len(row_ids[row])
+                row_ids[row] += ids
+                row_parents[row] += [p + offset if p >= 0 else -1 for p in parents]
+                row_base[row] += [base] * len(ids)
+                row_start[row] += [int(base.sum())] * len(ids)
+                for r, end in zip(groups[keys[g]], ends):
+                    last[r] = (row, offset + end)
+        nodes = max(len(ids) for ids in row_ids)
+        input_ids = torch.full((len(node_rows), nodes), self._pad, dtype=torch.long)
+        positions = torch.zeros((len(node_rows), nodes), dtype=torch.long)
+        allowed = torch.zeros((len(node_rows), nodes, width + nodes), dtype=torch.bool)
+        allowed[:, :, width:] = torch.eye(nodes, dtype=torch.bool)  # padding sees itself only
+        for row, (ids, parents) in enumerate(zip(row_ids, row_parents)):
+            n = len(ids)
+            ancestors = ancestor_mask(parents)
+            input_ids[row, :n] = torch.tensor(ids)
+            positions[row, :n] = torch.tensor(row_start[row]) + ancestors.sum(1) - 1
+            allowed[row, :n, :width] = torch.stack(row_base[row])
+            allowed[row, :n, width:width + n] = ancestors
+        model = self.ner_model.model
+        cache = select_rows(prefixes.cache, [cache_row for cache_row, _ in node_rows])
+        bias = torch.zeros(allowed.shape, dtype=model.dtype).masked_fill_(~allowed, torch.finfo(model.dtype).min)[:, None]
+        with torch.inference_mode():
+            hidden = model.get_decoder()(input_ids=input_ids.to(device), attention_mask=bias.to(device), position_ids=positions.to(device),
+                                         past_key_values=cache, use_cache=True).last_hidden_state
+            first_lp = torch.log_softmax(model.get_output_embeddings()(hidden[[r for r, _ in last], [c for _, c in last]]).float(), dim=-1)
+        first = first_lp.argmax(-1).tolist()
+        result = Generation([[] for _ in queries], [[] for _ in queries], [0.0] * len(queries), [False] * len(queries), forward_passes=1,
+                            accepted_per_pass=[len(queries)])
+        unfinished = []
+        for r, token in enumerate(first):
+            result.scores[r] = float(first_lp[r, token])
+            if token in stop.stop_token_ids:
+                result.stopped[r] = True
+                continue
+            result.tokens[r], result.token_logprobs[r] = [token], [result.scores[r]]
+            if stop.max_new_tokens > 1:
+                unfinished.append(r)
+        held = cache_bytes(prefixes.cache) + cache_bytes(cache)
+        rest = StopCriteria(stop.max_new_tokens - 1, stop.stop_token_ids)
+        for rows in ([unfinished] if generator.supports_batch else [[r] for r in unfinished]) if unfinished else []:
+            visible = torch.stack([allowed[last[r][0], last[r][1]] for r in rows]).long()
+            mask = torch.cat([visible, torch.ones(len(rows), 1, dtype=torch.long)], dim=1).to(device)
+            row_cache = select_rows(cache, [last[r][0] for r in rows])
+            out = generator.generate(model, torch.tensor([[first[r]] for r in rows], device=device), rest, attention_mask=mask,
+                                     past_key_values=row_cache, context_ids=[prefixes.tokens[owners[r]] for r in rows])
+            stats.kv_cache_bytes = max(stats.kv_cache_bytes, held + cache_bytes(row_cache))
+            for position, r in enumerate(rows):
+                result.tokens[r] += out.tokens[position]
+                result.token_logprobs[r] += out.token_logprobs[position]
+                result.scores[r] += out.scores[position]
+                result.stopped[r] = out.stopped[position]
+            result.forward_passes += out.forward_passes
+            result.accepted_per_pass.extend(out.accepted_per_pass)
+        stats.kv_cache_bytes = max(stats.kv_cache_bytes, held)
+        stats.forward_passes += result.forward_passes
+        stats.generated_tokens += sum(len(t) for t in result.tokens)
+        return result
+
     @staticmethod
     def _window_cache(prefixes: _Prefixes, window: int) -> Cache:
         """The cache holding window ``window``'s prefix once: the shared cache itself when it
-        holds that window alone (branches then extend it in place), else a copy of its row."""
+        holds a single row (branches then extend it in place), else a copy of the window's row."""
         assert prefixes.cache is not None
         if prefixes.cache.layers[0].keys.shape[0] == 1:
             return prefixes.cache
-        return select_rows(prefixes.cache, [window])
+        return select_rows(prefixes.cache, [prefixes.row_of[window]])
 
     def _padellm(
         self, windows: list[_Window], labels: list[str], generator: Decoder, mentions: list[list[Mention]], stats: ExtractionStats

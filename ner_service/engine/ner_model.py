@@ -67,12 +67,26 @@ def shipped_model_names() -> list[str]:
     return sorted(p.parent.name for p in SHIPPED_DIR.glob(f"*/{CONFIG_FILE}"))
 
 
+def _base_language(language: str) -> str:
+    """``"zh"`` of ``"zh-CN"``, ``"zh_Hans"`` or ``" ZH "``."""
+    return language.strip().lower().replace("_", "-").split("-")[0]
+
+
 def default_model_for_language(language: str) -> str:
     """The shipped model name for ``language`` ("en", "zh"; a region such as "zh-CN" is ignored)."""
-    base = language.strip().lower().replace("_", "-").split("-")[0]
+    base = _base_language(language)
     if base not in DEFAULT_MODELS:
         raise ModelNotFoundError(f"no model for language {language!r}; languages: {', '.join(sorted(DEFAULT_MODELS))}")
     return DEFAULT_MODELS[base]
+
+
+def model_for_language(language: str | None, default: str | Path) -> str:
+    """The model that serves ``language`` when ``default`` is the configured model: ``default``
+    itself for no language or its own language, else the shipped default of ``language``
+    (:class:`ModelNotFoundError` when there is none)."""
+    if language is None or _base_language(language) == _base_language(NERModelConfig.read(resolve_ner_model(default)).language):
+        return str(default)
+    return default_model_for_language(language)
 
 
 def resolve_ner_model(name_or_path: str | Path) -> Path:

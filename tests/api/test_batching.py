@@ -52,9 +52,21 @@ def test_without_microbatching_each_request_runs_alone(app_factory: Callable[...
     assert [r.json()["results"][0]["stats"]["batch_texts"] for r in responses] == [1, 1, 1, 1, 2]
 
 
+async def _one_more_after_the_queue_fills(app: FastAPI, full: dict, more: dict) -> tuple[httpx.Response, httpx.Response]:
+    """Send ``full``; once ``/metrics`` shows its texts queued, send ``more``."""
+    async with app.router.lifespan_context(app):
+        await _ready(app)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=120) as client:
+            first = asyncio.create_task(client.post("/v1/entities", json=full))
+            while f"padellm_queue_texts {float(len(full['texts']))}" not in (await client.get("/metrics")).text:
+                await asyncio.sleep(0.01)
+            second = await client.post("/v1/entities", json=more)
+            return await first, second
+
+
 def test_a_full_queue_answers_429_with_retry_after(app_factory: Callable[..., FastAPI]) -> None:
-    app = app_factory(ner_queue_max=2, ner_batch_wait_ms=50)
-    first, second = asyncio.run(_concurrently(app, [{"texts": [TEXT, TEXT]}, {"text": TEXT}]))
+    app = app_factory(ner_queue_max=2, ner_batch_wait_ms=1000)
+    first, second = asyncio.run(_one_more_after_the_queue_fills(app, {"texts": [TEXT, TEXT]}, {"text": TEXT}))
     assert first.status_code == 200
     assert second.status_code == 429 and second.headers["Retry-After"] == "1" and "NER_QUEUE_MAX" in second.json()["detail"]
 

@@ -32,16 +32,18 @@ def _queued_chunks(url: str) -> list[list]:
 
 
 def test_inline_job_is_stored_and_enqueued(client: TestClient, redis_db13: str, sessions) -> None:
-    docs = [{"text": f"Text number {i} about Berlin.", "external_id": f"doc-{i}"} for i in range(6)] + [{"text": "Ohne Id.", "language": "de"}]
+    docs = [{"text": f"Text number {i} about Berlin.", "external_id": f"doc-{i}"} for i in range(6)] + [{"text": "张三，高级经济师。", "language": "zh"}]
+    unserved = client.post("/v1/jobs", json={"documents": [*docs, {"text": "Ohne Id.", "language": "de"}]})
+    assert unserved.status_code == 422 and "no model for language 'de'" in unserved.text
     answer = client.post("/v1/jobs", json={"documents": docs})
     assert answer.status_code == 202, answer.text
     body = answer.json()
     assert body["total"] == 7 and body["status"] == "queued" and body["decoder"] == "padellm"
-    assert body["model_version"] == model_version_of_path("tiny-conll03")
+    assert body["model_version"] == ",".join(sorted([model_version_of_path("tiny-conll03"), model_version_of_path("zh-resume")]))
     assert answer.headers["location"] == body["status_url"] == f"/v1/jobs/{body['job_id']}"
     with sessions() as session:
         stored = service.pending_document_ids(session, body["job_id"])
-        assert len(stored) == 7 and session.get(Document, stored[-1]).language == "de"
+        assert len(stored) == 7 and session.get(Document, stored[-1]).language == "zh"
     chunks = _queued_chunks(redis_db13)
     assert sorted(doc_id for args in chunks for doc_id in args[1]) == stored
     assert {args[0] for args in chunks} == {body["job_id"]} and max(len(args[1]) for args in chunks) == 4
@@ -56,10 +58,11 @@ def test_inline_job_is_stored_and_enqueued(client: TestClient, redis_db13: str, 
 
 
 def test_processed_document_entities(client: TestClient, sessions, tiny_engine) -> None:
+    from pipeline.routing import EngineRouter
     from pipeline.runner import run_job
 
     job_id = client.post("/v1/jobs", json={"documents": [{"text": "EU rejects German call to boycott British lamb ."}, {"text": " "}]}).json()["job_id"]
-    run_job(sessions, tiny_engine, job_id, chunk_size=4)
+    run_job(sessions, EngineRouter.serving(tiny_engine), job_id, chunk_size=4)
     with sessions() as session:
         first, second = sorted(d.id for d in session.query(Document))
     status = client.get(f"/v1/jobs/{job_id}").json()

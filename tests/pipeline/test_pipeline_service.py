@@ -13,6 +13,7 @@ from ner_service.engine import Entity
 from pipeline import service
 from pipeline.model_version import model_version, results_version
 from pipeline.models import Document, DocumentResult, EntityRow, Job, JobDocument
+from pipeline.routing import EngineRouter
 from pipeline.runner import run_job, run_pending
 
 NAMES = re.compile(r"\b(Berlin|Paris|Angela Merkel|Peter Blackburn|Reuters)\b")
@@ -64,7 +65,7 @@ def _new_job(sessions, engine, texts=TEXTS) -> tuple[int, list[int]]:
 
 def test_tiny_engine_job_stores_what_the_engine_returns(sessions, tiny_engine) -> None:
     job_id, ids = _new_job(sessions, tiny_engine)
-    status = run_job(sessions, tiny_engine, job_id, chunk_size=2)
+    status = run_job(sessions, EngineRouter.serving(tiny_engine), job_id, chunk_size=2)
     assert status["status"] == "completed" and (status["processed"], status["failed"], status["total"]) == (5, 0, 5)
     assert status["model_version"] == model_version(tiny_engine) and status["progress"] == 1.0
     expected = tiny_engine.extract(TEXTS)
@@ -80,11 +81,11 @@ def test_redelivered_chunks_write_and_count_nothing_twice(sessions, tiny_engine)
     version = model_version(engine)
     job_id, ids = _new_job(sessions, engine)
     # a worker died after committing the first two documents of the chunk
-    service.process_chunk(sessions, engine, job_id, ids[:2], version)
+    service.process_chunk(sessions, EngineRouter.serving(engine), job_id, ids[:2])
     assert _counts(sessions, job_id) == (2, 0, 5, 2, 5)
     # the whole chunk is delivered again, then once more
     for _ in range(2):
-        service.process_chunk(sessions, engine, job_id, ids, version)
+        service.process_chunk(sessions, EngineRouter.serving(engine), job_id, ids)
     processed, failed, total, markers, entity_rows = _counts(sessions, job_id)
     assert (processed, failed, total, markers) == (5, 0, 5, 5)
     assert entity_rows == sum(len(NAMES.findall(t)) for t in TEXTS) == 10
@@ -112,7 +113,7 @@ def test_a_bad_document_fails_alone(sessions, tiny_engine) -> None:
     engine = GazetteerEngine(tiny_engine)
     texts = ["Angela Merkel in Paris.", "   ", "BOOM goes Berlin.", "Peter Blackburn.", "x" * 30_000]
     job_id, ids = _new_job(sessions, engine, texts)
-    outcome = service.process_chunk(sessions, engine, job_id, ids, model_version(engine))
+    outcome = service.process_chunk(sessions, EngineRouter.serving(engine), job_id, ids)
     assert (outcome.processed, outcome.failed) == (2, 3)
     with sessions() as session:
         job = session.get(Job, job_id)
@@ -128,11 +129,11 @@ def test_a_bad_document_fails_alone(sessions, tiny_engine) -> None:
 def test_documents_already_processed_by_this_version_are_counted_without_running_the_model(sessions, tiny_engine) -> None:
     engine = GazetteerEngine(tiny_engine)
     first, ids = _new_job(sessions, engine)
-    run_job(sessions, engine, first, chunk_size=5)
+    run_job(sessions, EngineRouter.serving(engine), first, chunk_size=5)
     calls = engine.calls
     with sessions.begin() as session:
         second = service.create_job(session, ids, model_version(engine)).id
-    status = run_job(sessions, engine, second, chunk_size=5)
+    status = run_job(sessions, EngineRouter.serving(engine), second, chunk_size=5)
     assert (status["status"], status["processed"]) == ("completed", 5)
     assert engine.calls == calls
     assert _counts(sessions, second)[3:] == (5, 10)
@@ -143,18 +144,18 @@ def test_pending_and_reprocessing_on_model_change(sessions, tiny_engine) -> None
     version = model_version(engine)
     with sessions.begin() as session:
         ids = service.add_documents(session, [service.NewDocument(t) for t in TEXTS])
-        assert service.documents_to_run(session, version) == ids
-    status = run_pending(sessions, engine, chunk_size=2, limit=3)
+        assert service.documents_to_run(session, lambda _: version) == ids
+    status = run_pending(sessions, EngineRouter.serving(engine), chunk_size=2, limit=3)
     assert (status["total"], status["processed"]) == (3, 3)
     with sessions() as session:
-        assert service.documents_to_run(session, version) == ids[3:]
-        assert service.documents_to_run(session, version, reprocess=True) == ids[3:]
+        assert service.documents_to_run(session, lambda _: version) == ids[3:]
+        assert service.documents_to_run(session, lambda _: version, reprocess=True) == ids[3:]
         # a retrained model: only opt-in reprocessing picks up the documents processed before
-        assert service.documents_to_run(session, "tiny-conll03-0000000000") == ids[3:]
-        assert service.documents_to_run(session, "tiny-conll03-0000000000", reprocess=True) == ids
+        assert service.documents_to_run(session, lambda _: "tiny-conll03-0000000000") == ids[3:]
+        assert service.documents_to_run(session, lambda _: "tiny-conll03-0000000000", reprocess=True) == ids
         # documents in a queued job are not picked twice
         service.create_job(session, ids[3:], version)
-        assert service.documents_to_run(session, version) == []
+        assert service.documents_to_run(session, lambda _: version) == []
 
 
 def test_external_ids_are_reused_for_the_same_text_and_conflict_otherwise(sessions) -> None:
@@ -196,3 +197,27 @@ def test_stalled_jobs_are_found_once_per_stall(sessions, tiny_engine) -> None:
         assert service.stalled_jobs(session, utcnow() + timedelta(seconds=1)) == [job_id]
     with sessions.begin() as session:
         assert service.stalled_jobs(session, utcnow() - timedelta(seconds=30)) == []
+
+
+def test_documents_go_to_the_model_of_their_language(sessions, tiny_engine) -> None:
+    router = EngineRouter.serving(tiny_engine)
+    texts = ["Angela Merkel visited Paris.", "张三，男，1965年出生，高级经济师。", "Bonjour Paris."]
+    with sessions.begin() as session:
+        ids = service.add_documents(session, [service.NewDocument(t, language=lang) for t, lang in zip(texts, [None, "zh-CN", "fr"])])
+        job_id = service.create_job(session, ids, router.versions_for(service.languages_of(session, ids))).id
+    status = run_job(sessions, router, job_id, chunk_size=5)
+    chinese_engine = router.engine("zh-resume")
+    english_version, chinese_version = model_version(tiny_engine), model_version(chinese_engine)
+    assert (status["processed"], status["failed"]) == (2, 1)
+    assert status["model_version"] == ",".join(sorted([english_version, chinese_version]))
+    expected = chinese_engine.extract([texts[1]])[0].entities
+    assert expected, "the Chinese model should find the title in this resume line"
+    with sessions() as session:
+        english, chinese, french = (service.document_entities(session, i) for i in ids)
+        assert english["model_version"] == english_version
+        assert chinese["model_version"] == chinese_version
+        assert [(e["start"], e["end"], e["label"]) for e in chinese["entities"]] == sorted((e.start, e.end, e.label) for e in expected)
+        assert french["status"] == "failed" and "no model for language 'fr'" in french["error"]
+        # each document is current under its own language's model: nothing to reprocess
+        assert service.documents_to_run(session, router.version_for, reprocess=True) == []
+        assert service.documents_to_run(session, lambda _: english_version, reprocess=True) == [ids[1]]

@@ -11,7 +11,7 @@ from ner_service.api.core.batching import BatchKey, QueueFullError
 from ner_service.api.core.registry import ModelLoadError
 from ner_service.api.schemas import EntitiesRequest, EntitiesResponse, EntityOut, ErrorResponse, StatsOut, TextResult
 from ner_service.api.state import ApiState, api_state, authorize
-from ner_service.engine import ModelNotFoundError, default_model_for_language
+from ner_service.engine import ModelNotFoundError, model_for_language
 
 router = APIRouter(prefix="/v1", tags=["entities"], dependencies=[Depends(authorize)])
 
@@ -46,7 +46,7 @@ async def extract_entities(body: EntitiesRequest, state: ApiState = Depends(api_
     texts = body.all_texts()
     _check_limits(texts, state)
     try:
-        model = body.model or (default_model_for_language(body.language) if body.language else state.registry.default)
+        model = body.model or model_for_language(body.language, state.registry.default)
         state.registry.validate(model, body.labels, body.decoder, body.backend)
     except (ValueError, ModelNotFoundError) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
