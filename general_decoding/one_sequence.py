@@ -6,7 +6,8 @@ sequence of batch size 1 under a tree attention mask: a branch's token sees the 
 columns its row's ``attention_mask`` allows (the shared prefix) and the earlier tokens of
 its own branch, with position ids continuing its own branch. The shared prefix's KV cache is
 held once and never copied per branch; the cache grows by exactly the tokens fed (the
-branches' queries and their emitted tokens), and a finished branch stops growing it.
+branches' queries, merged into a trie where branches that see the same columns begin alike,
+and their emitted tokens), and a finished branch stops growing it.
 
 Contract (``shares_cache``): ``past_key_values`` has batch size 1 and is shared by every
 row; ``attention_mask[i]`` covers the shared cached columns (which of them row ``i`` may
@@ -21,6 +22,7 @@ from transformers import Cache, DynamicCache, PreTrainedModel
 
 from general_decoding.base import Decoder, Generation, StopCriteria
 from general_decoding.registry import register_decoder
+from general_decoding.tree_attention import ancestor_mask, build_trie
 
 
 class _SharedSequence:
@@ -32,23 +34,19 @@ class _SharedSequence:
         self.visible = visible  # [branches, cached columns] bool
         self.dtype = next(model.parameters()).dtype
 
-    def feed(self, owners: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """Append ``ids`` (token ``j`` of branch ``owners[j]``, branch tokens contiguous and in
-        order) and return the logits at columns ``keep`` of the new tokens."""
-        device = ids.device
-        new = ids.shape[0]
-        past = self.visible.shape[1]
-        same_branch = owners[:, None] == owners[None, :]
-        causal = torch.ones(new, new, dtype=torch.bool, device=device).tril()
-        allowed = torch.cat([self.visible[owners], same_branch & causal], dim=1)
-        bias = torch.zeros(1, 1, new, past + new, dtype=self.dtype, device=device)
+    def feed(self, ids: torch.Tensor, positions: torch.Tensor, sees_cached: torch.Tensor, sees_new: torch.Tensor,
+             branch_sees_new: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Append tokens ``ids``: token i attends the cached columns ``sees_cached[i]`` and the
+        new tokens ``sees_new[i]``; afterwards branch b sees the new tokens ``branch_sees_new[b]``.
+        Returns the logits at new columns ``keep``."""
+        allowed = torch.cat([sees_cached, sees_new], dim=1)
+        bias = torch.zeros(1, 1, *allowed.shape, dtype=self.dtype, device=ids.device)
         bias.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
         logits = self.model(
             input_ids=ids[None], attention_mask=bias, position_ids=positions[None], past_key_values=self.cache,
             use_cache=True, logits_to_keep=keep,
         ).logits[0]
-        branches = torch.arange(self.visible.shape[0], device=device)
-        self.visible = torch.cat([self.visible, branches[:, None] == owners[None, :]], dim=1)
+        self.visible = torch.cat([self.visible, branch_sees_new], dim=1)
         return logits
 
 
@@ -79,14 +77,30 @@ class OneSequenceDecoder(Decoder):
         if bool((lengths == 0).any()):
             raise ValueError("every row needs at least one unpadded input token")
         sequence = _SharedSequence(model, cache, visible)
-        # first forward: every branch's input tokens, packed one branch after another
-        owners = torch.repeat_interleave(torch.arange(rows, device=device), lengths)
+        # first forward: every branch's input tokens, branches that see the same cached columns
+        # merged into a trie (a beginning they share is fed once)
+        groups: dict[tuple[bool, ...], list[int]] = {}
+        for row in range(rows):
+            groups.setdefault(tuple(visible[row].tolist()), []).append(row)
+        node_ids: list[int] = []
+        node_parents: list[int] = []
+        node_group: list[int] = []
+        ends = [0] * rows
+        for number, members in enumerate(groups.values()):
+            ids, parents, group_ends = build_trie([input_ids[row][query[row]].tolist() for row in members])
+            offset = len(node_ids)
+            node_ids += ids
+            node_parents += [p + offset if p >= 0 else -1 for p in parents]
+            node_group += [number] * len(ids)
+            for row, end in zip(members, group_ends):
+                ends[row] = offset + end
+        ancestors = ancestor_mask(node_parents).to(device)
+        first_row = torch.tensor([members[0] for members in groups.values()], device=device)[torch.tensor(node_group, device=device)]
         starts = visible.sum(1)
-        offsets = torch.arange(owners.shape[0], device=device) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
-        positions = starts[owners] + offsets
-        last_columns = lengths.cumsum(0) - 1
-        logits = sequence.feed(owners, input_ids[query], positions, last_columns)
-        next_position = starts + lengths
+        positions = starts[first_row] + ancestors.sum(1) - 1
+        ends_t = torch.tensor(ends, device=device)
+        logits = sequence.feed(torch.tensor(node_ids, device=device), positions, visible[first_row], ancestors, ancestors[ends_t], ends_t)
+        next_position = positions[ends_t] + 1
 
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
@@ -114,7 +128,10 @@ class OneSequenceDecoder(Decoder):
                 break
             owners = torch.tensor(live, device=device)
             ids = torch.tensor([tokens[row][-1] for row in live], device=device)
-            logits = sequence.feed(owners, ids, next_position[owners], torch.arange(len(live), device=device))
+            alone = torch.eye(len(live), dtype=torch.bool, device=device)  # one new token per branch
+            branch_sees_new = torch.arange(rows, device=device)[:, None] == owners[None, :]
+            logits = sequence.feed(ids, next_position[owners], sequence.visible[owners], alone, branch_sees_new,
+                                   torch.arange(len(live), device=device))
             next_position[owners] += 1
             forwards += 1
         return Generation(tokens, logprobs, scores, stopped, forwards, accepted)

@@ -8,7 +8,7 @@ import torch
 
 from general_decoding import StopCriteria, UnknownDecoderError, get_decoder
 from general_decoding.kv_cache import cache_bytes, select_rows
-from general_decoding.tree_attention import collate_tree_rows, collate_trees, pack_branches, pack_rows
+from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, collate_trees, pack_branches, pack_rows
 
 PROMPTS = ["Text: EU rejects German call to boycott British lamb .\nAll entities:", "Text: Peter Blackburn\nPER count:", "Text: a\n"]
 
@@ -97,3 +97,13 @@ def test_pack_rows_fills_rows_up_to_the_longest_item() -> None:
     assert sorted(i for row in rows for i in row) == list(range(6))
     assert all(sum([10, 3, 7, 2, 9, 1][i] for i in row) <= 10 for row in rows)
     assert len(rows) == 4 and pack_rows([]) == []
+
+
+def test_a_trie_feeds_shared_beginnings_once_and_each_node_sees_its_ancestors() -> None:
+    ids, parents, ends = build_trie([[5, 6, 7], [5, 6, 8], [5, 9], [5, 6, 7]])
+    assert ids == [5, 6, 7, 8, 9] and parents == [-1, 0, 1, 1, 0] and ends == [2, 3, 4, 2]
+    seen = ancestor_mask(parents)
+    assert seen[3].tolist() == [True, True, False, True, False]  # 8 sees 5, 6 and itself, not its sibling 7
+    assert seen[4].tolist() == [True, False, False, False, True]
+    with pytest.raises(ValueError, match="at least one token"):
+        build_trie([[1], []])

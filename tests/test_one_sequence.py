@@ -9,6 +9,7 @@ from transformers import DynamicCache
 
 from general_decoding import StopCriteria, get_decoder
 from general_decoding.kv_cache import cache_bytes
+from general_decoding.tree_attention import build_trie
 from ner_service.engine import prompts
 
 TEXTS = [
@@ -50,8 +51,11 @@ def test_branches_over_a_shared_prefix_equal_separate_greedy_decodes(tiny_engine
     assert got.tokens == [e.tokens[0] for e in expected]
     assert got.stopped == [e.stopped[0] for e in expected]
     assert got.scores == pytest.approx([e.scores[0] for e in expected], abs=1e-3)
-    # one sequence: the prefix once, then exactly the tokens fed (queries and emitted tokens)
-    fed = len(prefix) + sum(map(len, queries)) + sum(len(t) - int(not s) for t, s in zip(got.tokens, got.stopped))
+    # one sequence: the prefix once, then exactly the tokens fed: the queries as a trie (their
+    # shared beginnings once) and the emitted tokens
+    trie_nodes = len(build_trie(queries)[0])
+    assert trie_nodes < sum(map(len, queries))
+    fed = len(prefix) + trie_nodes + sum(len(t) - int(not s) for t, s in zip(got.tokens, got.stopped))
     assert cache.layers[0].keys.shape[0] == 1
     assert cache.get_seq_length() == fed
     assert cache_bytes(cache) == prefix_bytes * fed // len(prefix)

@@ -205,10 +205,12 @@ class NEREngine:
     def _device(self) -> torch.device:
         return self.ner_model.model.device
 
-    def _count_step(self, windows: list[_Window], labels: list[str], stats: ExtractionStats) -> tuple[_Prefixes, list[int]]:
+    def _count_step(self, windows: list[_Window], labels: list[str], stats: ExtractionStats,
+                    one_row: bool = False) -> tuple[_Prefixes, list[int]]:
         """One forward: every window's prefix with all its count queries as branches of one
-        sequence (tree attention). Returns the prefixes, with their KV cache kept for the next
-        step, and the first answer token of each (window, label) count query."""
+        sequence (tree attention); short windows share a row, and ``one_row`` puts them all in
+        one (for a decoder that ``shares_cache``). Returns the prefixes, with their KV cache kept
+        for the next step, and the first answer token of each (window, label) count query."""
         prefixes = _Prefixes([self._prefix_tokens(w) for w in windows])
         queries = [self._tokens(prompts.count_query(self.ner_model.config.prompt_name(label))) for label in labels]
         model = self.ner_model.model
@@ -219,7 +221,8 @@ class NEREngine:
                                position_ids=position_ids_from_mask(mask).to(self._device()), logits_to_keep=1).logits[:, -1]
             else:
                 trees = [pack_branches(p, queries) for p in prefixes.tokens]
-                rows = pack_rows([len(t) for t in trees])
+                lengths = [len(t) for t in trees]
+                rows = pack_rows(lengths, sum(lengths) if one_row else None)
                 ids, positions, tree_mask, offsets = collate_tree_rows([[trees[w] for w in row] for row in rows], self._pad, dtype=model.dtype)
                 out = model.get_decoder()(input_ids=ids.to(self._device()), attention_mask=tree_mask.to(self._device()),
                                           position_ids=positions.to(self._device()), past_key_values=DynamicCache(), use_cache=True)
@@ -255,31 +258,26 @@ class NEREngine:
         """Decode one query per row, each behind the prefix of window ``owners[row]`` and the
         cached columns ``seen[row]`` (the count branch a mention query continues).
 
-        A decoder that ``shares_cache`` decodes each window's queries as branches of one
-        sequence over that window's prefix cache; the others get one row per query, each
-        row selecting its window's cached prefix."""
+        Over cached prefixes, a decoder that ``shares_cache`` decodes the queries as branches of
+        one sequence over the prefix cache; the others get :meth:`_trie_branches`. Without a
+        cache (``share_prefix=False``) each row re-encodes its window's prefix."""
         stop = StopCriteria(max_new_tokens, self._stop_ids)
         if prefixes.cache is not None and not generator.shares_cache:
             return self._trie_branches(prefixes, owners, queries, seen or [[] for _ in queries], generator, stop, stats)
-        if generator.shares_cache and prefixes.cache is not None:
-            groups = [[r for r in range(len(queries)) if owners[r] == w] for w in dict.fromkeys(owners)]
-        elif generator.supports_batch:
-            groups = [list(range(len(queries)))]
+        if prefixes.cache is not None:  # branches of one sequence: all windows at once when they share one cache row
+            one_row = prefixes.cache.layers[0].keys.shape[0] == 1
+            groups = [list(range(len(queries)))] if one_row else [[r for r in range(len(queries)) if owners[r] == w] for w in dict.fromkeys(owners)]
         else:
-            groups = [[i] for i in range(len(queries))]
+            groups = [list(range(len(queries)))] if generator.supports_batch else [[i] for i in range(len(queries))]
         merged = Generation([[] for _ in queries], [[] for _ in queries], [0.0] * len(queries), [False] * len(queries))
         for rows in groups:
             owner_rows = [owners[r] for r in rows]
             if prefixes.cache is not None and prefixes.mask is not None:
-                # cached columns outside this row's prefix (other branches, padding) are masked out
+                # cached columns outside this row's prefix (other windows, branches, padding) are masked out
                 ids, query_mask = self._left_pad([queries[r] for r in rows])
-                if generator.shares_cache:
-                    cache = self._window_cache(prefixes, owner_rows[0])
-                    shared = torch.zeros(len(rows), cache.get_seq_length(), dtype=torch.long)
-                    shared[:, : prefixes.mask.shape[1]] = prefixes.mask[owner_rows[0]].cpu()
-                else:
-                    cache = select_rows(prefixes.cache, [prefixes.row_of[o] for o in owner_rows])
-                    shared = prefixes.mask[owner_rows].cpu().clone()
+                cache = self._window_cache(prefixes, owner_rows[0])
+                shared = torch.zeros(len(rows), cache.get_seq_length(), dtype=torch.long)
+                shared[:, : prefixes.mask.shape[1]] = prefixes.mask[owner_rows].cpu()
                 for position, row in enumerate(rows):
                     shared[position, seen[row] if seen else []] = 1
                 mask = torch.cat([shared, query_mask], dim=1).to(self._device())
@@ -414,7 +412,7 @@ class NEREngine:
     def _padellm(
         self, windows: list[_Window], labels: list[str], generator: Decoder, mentions: list[list[Mention]], stats: ExtractionStats
     ) -> None:
-        prefixes, first_tokens = self._count_step(windows, labels, stats)
+        prefixes, first_tokens = self._count_step(windows, labels, stats, one_row=generator.shares_cache)
         decode = self.ner_model.tokenizer.decode
         counts: dict[tuple[int, str], int] = {}
         confirm: list[tuple[int, str, int]] = []
