@@ -22,7 +22,7 @@ from transformers import Cache, DynamicCache, PreTrainedModel
 
 from general_decoding.base import Decoder, Generation, StopCriteria
 from general_decoding.registry import register_decoder
-from general_decoding.tree_attention import ancestor_mask, build_trie
+from general_decoding.tree_attention import ancestor_mask, build_trie, join_tries
 
 
 class _SharedSequence:
@@ -82,20 +82,15 @@ class OneSequenceDecoder(Decoder):
         groups: dict[tuple[bool, ...], list[int]] = {}
         for row in range(rows):
             groups.setdefault(tuple(visible[row].tolist()), []).append(row)
-        node_ids: list[int] = []
-        node_parents: list[int] = []
-        node_group: list[int] = []
+        tries = [build_trie([input_ids[row][query[row]].tolist() for row in members]) for members in groups.values()]
+        node_ids, node_parents, group_ends = join_tries(tries)
         ends = [0] * rows
-        for number, members in enumerate(groups.values()):
-            ids, parents, group_ends = build_trie([input_ids[row][query[row]].tolist() for row in members])
-            offset = len(node_ids)
-            node_ids += ids
-            node_parents += [p + offset if p >= 0 else -1 for p in parents]
-            node_group += [number] * len(ids)
-            for row, end in zip(members, group_ends):
-                ends[row] = offset + end
+        for members, member_ends in zip(groups.values(), group_ends):
+            for row, end in zip(members, member_ends):
+                ends[row] = end
         ancestors = ancestor_mask(node_parents).to(device)
-        first_row = torch.tensor([members[0] for members in groups.values()], device=device)[torch.tensor(node_group, device=device)]
+        # each node sees the cached columns of its group (those of the group's first row)
+        first_row = torch.tensor([members[0] for members, (ids, _, _) in zip(groups.values(), tries) for _ in ids], device=device)
         starts = visible.sum(1)
         positions = starts[first_row] + ancestors.sum(1) - 1
         ends_t = torch.tensor(ends, device=device)

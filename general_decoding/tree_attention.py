@@ -157,6 +157,20 @@ def build_trie(sequences: list[list[int]]) -> tuple[list[int], list[int], list[i
     return ids, parents, ends
 
 
+def join_tries(tries: list[tuple[list[int], list[int], list[int]]]) -> tuple[list[int], list[int], list[list[int]]]:
+    """Lay tries from :func:`build_trie` one after another in one node list: the node ids, the
+    parents (renumbered; -1 still marks a first token) and each trie's sequence ends."""
+    ids: list[int] = []
+    parents: list[int] = []
+    ends: list[list[int]] = []
+    for trie_ids, trie_parents, trie_ends in tries:
+        offset = len(ids)
+        ids += trie_ids
+        parents += [p + offset if p >= 0 else -1 for p in trie_parents]
+        ends.append([end + offset for end in trie_ends])
+    return ids, parents, ends
+
+
 def ancestor_mask(parents: list[int]) -> torch.Tensor:
     """Boolean ``[N, N]``: node i may attend node j when j is i or one of its ancestors
     (parents come before their children)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from general_decoding import Decoder, Generation, StopCriteria, get_decoder
 from general_decoding.base import position_ids_from_mask
 from general_decoding.diffusion import BlockDiffusionSampler
 from general_decoding.kv_cache import cache_bytes, select_rows
-from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, pack_branches, pack_rows
+from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, join_tries, pack_branches, pack_rows
 from ner_service.engine import diffusion, prompts
 from ner_service.engine.chunking import chunk_spans
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
@@ -268,37 +268,62 @@ class NEREngine:
             one_row = prefixes.cache.layers[0].keys.shape[0] == 1
             groups = [list(range(len(queries)))] if one_row else [[r for r in range(len(queries)) if owners[r] == w] for w in dict.fromkeys(owners)]
         else:
-            groups = [list(range(len(queries)))] if generator.supports_batch else [[i] for i in range(len(queries))]
-        merged = Generation([[] for _ in queries], [[] for _ in queries], [0.0] * len(queries), [False] * len(queries))
-        for rows in groups:
+            groups = self._batches(generator, list(range(len(queries))))
+
+        def inputs(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, Cache | None, list[list[int]] | None]:
             owner_rows = [owners[r] for r in rows]
-            if prefixes.cache is not None and prefixes.mask is not None:
-                # cached columns outside this row's prefix (other windows, branches, padding) are masked out
-                ids, query_mask = self._left_pad([queries[r] for r in rows])
-                cache = self._window_cache(prefixes, owner_rows[0])
-                shared = torch.zeros(len(rows), cache.get_seq_length(), dtype=torch.long)
-                shared[:, : prefixes.mask.shape[1]] = prefixes.mask[owner_rows].cpu()
-                for position, row in enumerate(rows):
-                    shared[position, seen[row] if seen else []] = 1
-                mask = torch.cat([shared, query_mask], dim=1).to(self._device())
-                context = [prefixes.tokens[o] for o in owner_rows]  # what copy-style drafters read
-            else:
+            if prefixes.cache is None or prefixes.mask is None:
                 ids, mask = self._left_pad([prefixes.tokens[o] + queries[r] for o, r in zip(owner_rows, rows)])
-                mask, cache, context = mask.to(self._device()), None, None
-            out = generator.generate(self.ner_model.model, ids.to(self._device()), stop, attention_mask=mask,
+                return ids, mask, None, None
+            # cached columns outside this row's prefix (other windows, branches, padding) are masked out
+            ids, query_mask = self._left_pad([queries[r] for r in rows])
+            cache = self._window_cache(prefixes, owner_rows[0])
+            shared = torch.zeros(len(rows), cache.get_seq_length(), dtype=torch.long)
+            shared[:, : prefixes.mask.shape[1]] = prefixes.mask[owner_rows].cpu()
+            for position, row in enumerate(rows):
+                shared[position, seen[row] if seen else []] = 1
+            return ids, torch.cat([shared, query_mask], dim=1), cache, [prefixes.tokens[o] for o in owner_rows]
+
+        held = [prefixes.cache] if prefixes.cache is not None else []
+        merged = self._decode(generator, groups, len(queries), stop, inputs, held, stats)
+        stats.forward_passes += merged.forward_passes
+        stats.generated_tokens += sum(len(t) for t in merged.tokens)
+        return merged
+
+    @staticmethod
+    def _batches(generator: Decoder, rows: list[int]) -> list[list[int]]:
+        """``rows`` as one batch, or one by one for a decoder that does not batch."""
+        if not rows:
+            return []
+        return [rows] if generator.supports_batch else [[r] for r in rows]
+
+    def _decode(
+        self,
+        generator: Decoder,
+        groups: list[list[int]],
+        total: int,
+        stop: StopCriteria,
+        inputs: Callable[[list[int]], tuple[torch.Tensor, torch.Tensor, Cache | None, list[list[int]] | None]],
+        held: list[Cache],
+        stats: ExtractionStats,
+    ) -> Generation:
+        """Decode each group of rows (of ``total``) in one :meth:`Decoder.generate` call;
+        ``inputs(group)`` gives its input ids, attention mask, cache and context ids. ``held``
+        are the caches kept meanwhile (for ``kv_cache_bytes``); rows in no group stay empty."""
+        merged = Generation([[] for _ in range(total)], [[] for _ in range(total)], [0.0] * total, [False] * total)
+        for rows in groups:
+            ids, mask, cache, context = inputs(rows)
+            out = generator.generate(self.ner_model.model, ids.to(self._device()), stop, attention_mask=mask.to(self._device()),
                                      past_key_values=cache, context_ids=context)
             for position, row in enumerate(rows):
                 merged.tokens[row] = out.tokens[position]
                 merged.token_logprobs[row] = out.token_logprobs[position]
                 merged.scores[row] = out.scores[position]
                 merged.stopped[row] = out.stopped[position]
-            held = [prefixes.cache] if prefixes.cache is not None else []
-            held += [cache] if cache is not None and cache is not prefixes.cache else []
-            stats.kv_cache_bytes = max(stats.kv_cache_bytes, sum(cache_bytes(c) for c in held))
+            extra = [cache] if cache is not None and all(cache is not c for c in held) else []
+            stats.kv_cache_bytes = max(stats.kv_cache_bytes, sum(cache_bytes(c) for c in held + extra))
             merged.forward_passes += out.forward_passes
             merged.accepted_per_pass.extend(out.accepted_per_pass)
-        stats.forward_passes += merged.forward_passes
-        stats.generated_tokens += sum(len(t) for t in merged.tokens)
         return merged
 
     def _trie_branches(
@@ -330,24 +355,23 @@ class NEREngine:
         node_rows = [(cache_row, [members[i] for i in packed]) for cache_row, members in by_cache_row.items()
                      for packed in pack_rows([len(tries[g][0]) for g in members], capacity)]
         width = prefixes.mask.shape[1]
-        row_ids: list[list[int]] = [[] for _ in node_rows]
-        row_parents: list[list[int]] = [[] for _ in node_rows]
-        row_base: list[list[torch.Tensor]] = [[] for _ in node_rows]  # per node: visible cached columns
-        row_start: list[list[int]] = [[] for _ in node_rows]  # per node: position of its trie's first token
-        last: list[tuple[int, int]] = [(0, 0)] * len(queries)  # per query: (node row, node)
         keys = list(groups)
+        row_ids: list[list[int]] = []
+        row_parents: list[list[int]] = []
+        row_base: list[list[torch.Tensor]] = []  # per node: the cached columns it sees
+        last: list[tuple[int, int]] = [(0, 0)] * len(queries)  # per query: (node row, node)
         for row, (_, members) in enumerate(node_rows):
-            for g in members:
-                (owner, columns), (ids, parents, ends) = keys[g], tries[g]
+            ids, parents, ends = join_tries([tries[g] for g in members])
+            row_ids.append(ids)
+            row_parents.append(parents)
+            row_base.append([])
+            for g, group_ends in zip(members, ends):
+                owner, columns = keys[g]
                 base = prefixes.mask[owner].bool().clone()
                 base[list(columns)] = True
-                offset = len(row_ids[row])
-                row_ids[row] += ids
-                row_parents[row] += [p + offset if p >= 0 else -1 for p in parents]
-                row_base[row] += [base] * len(ids)
-                row_start[row] += [int(base.sum())] * len(ids)
-                for r, end in zip(groups[keys[g]], ends):
-                    last[r] = (row, offset + end)
+                row_base[row] += [base] * len(tries[g][0])
+                for r, end in zip(groups[keys[g]], group_ends):
+                    last[r] = (row, end)
         nodes = max(len(ids) for ids in row_ids)
         input_ids = torch.full((len(node_rows), nodes), self._pad, dtype=torch.long)
         positions = torch.zeros((len(node_rows), nodes), dtype=torch.long)
@@ -356,9 +380,10 @@ class NEREngine:
         for row, (ids, parents) in enumerate(zip(row_ids, row_parents)):
             n = len(ids)
             ancestors = ancestor_mask(parents)
+            base = torch.stack(row_base[row])
             input_ids[row, :n] = torch.tensor(ids)
-            positions[row, :n] = torch.tensor(row_start[row]) + ancestors.sum(1) - 1
-            allowed[row, :n, :width] = torch.stack(row_base[row])
+            positions[row, :n] = base.sum(1) + ancestors.sum(1) - 1  # after the columns it sees, at its depth
+            allowed[row, :n, :width] = base
             allowed[row, :n, width:width + n] = ancestors
         model = self.ner_model.model
         cache = select_rows(prefixes.cache, [cache_row for cache_row, _ in node_rows])
@@ -379,23 +404,23 @@ class NEREngine:
             result.tokens[r], result.token_logprobs[r] = [token], [result.scores[r]]
             if stop.max_new_tokens > 1:
                 unfinished.append(r)
-        held = cache_bytes(prefixes.cache) + cache_bytes(cache)
-        rest = StopCriteria(stop.max_new_tokens - 1, stop.stop_token_ids)
-        for rows in ([unfinished] if generator.supports_batch else [[r] for r in unfinished]) if unfinished else []:
-            visible = torch.stack([allowed[last[r][0], last[r][1]] for r in rows]).long()
-            mask = torch.cat([visible, torch.ones(len(rows), 1, dtype=torch.long)], dim=1).to(device)
-            row_cache = select_rows(cache, [last[r][0] for r in rows])
-            out = generator.generate(model, torch.tensor([[first[r]] for r in rows], device=device), rest, attention_mask=mask,
-                                     past_key_values=row_cache, context_ids=[prefixes.tokens[owners[r]] for r in rows])
-            stats.kv_cache_bytes = max(stats.kv_cache_bytes, held + cache_bytes(row_cache))
-            for position, r in enumerate(rows):
-                result.tokens[r] += out.tokens[position]
-                result.token_logprobs[r] += out.token_logprobs[position]
-                result.scores[r] += out.scores[position]
-                result.stopped[r] = out.stopped[position]
-            result.forward_passes += out.forward_passes
-            result.accepted_per_pass.extend(out.accepted_per_pass)
-        stats.kv_cache_bytes = max(stats.kv_cache_bytes, held)
+
+        def inputs(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, Cache | None, list[list[int]] | None]:
+            visible = torch.stack([allowed[last[r][0], last[r][1]] for r in rows]).long()  # its trie path
+            mask = torch.cat([visible, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
+            return (torch.tensor([[first[r]] for r in rows]), mask, select_rows(cache, [last[r][0] for r in rows]),
+                    [prefixes.tokens[owners[r]] for r in rows])
+
+        rest = self._decode(generator, self._batches(generator, unfinished), len(queries), StopCriteria(max(stop.max_new_tokens - 1, 1), stop.stop_token_ids),
+                            inputs, [prefixes.cache, cache], stats)
+        for r in unfinished:
+            result.tokens[r] += rest.tokens[r]
+            result.token_logprobs[r] += rest.token_logprobs[r]
+            result.scores[r] += rest.scores[r]
+            result.stopped[r] = rest.stopped[r]
+        result.forward_passes += rest.forward_passes
+        result.accepted_per_pass.extend(rest.accepted_per_pass)
+        stats.kv_cache_bytes = max(stats.kv_cache_bytes, cache_bytes(prefixes.cache) + cache_bytes(cache))
         stats.forward_passes += result.forward_passes
         stats.generated_tokens += sum(len(t) for t in result.tokens)
         return result
@@ -478,13 +503,12 @@ class NEREngine:
     ) -> None:
         ids, mask = self._left_pad(self._ar_prompts(windows))
         stop = StopCriteria(self.ner_model.config.max_ar_tokens, self._stop_ids)
-        rows = [list(range(len(windows)))] if generator.supports_batch else [[i] for i in range(len(windows))]
-        for group in rows:
-            out = generator.generate(self.ner_model.model, ids[group].to(self._device()), stop, attention_mask=mask[group].to(self._device()))
-            stats.forward_passes += out.forward_passes
-            stats.generated_tokens += sum(len(t) for t in out.tokens)
-            for position, w in enumerate(group):
-                mentions[w].extend(self._ar_mentions(out.tokens[position], out.token_logprobs[position], labels))
+        out = self._decode(generator, self._batches(generator, list(range(len(windows)))), len(windows), stop,
+                           lambda rows: (ids[rows], mask[rows], None, None), [], stats)
+        stats.forward_passes += out.forward_passes
+        stats.generated_tokens += sum(len(t) for t in out.tokens)
+        for w, (tokens, logprobs) in enumerate(zip(out.tokens, out.token_logprobs)):
+            mentions[w].extend(self._ar_mentions(tokens, logprobs, labels))
 
     def _ar_prompts(self, windows: list[_Window]) -> list[list[int]]:
         """Each window's prompt for the all-entities query (AR baseline, diffusion)."""
