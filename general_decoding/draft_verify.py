@@ -6,8 +6,9 @@ emitted token is exactly the greedy one. Rows of a batch accept different number
 the cache keeps the longest accepted run and the other rows' rejected columns are masked out
 (positions skip masked columns), so no row ever attends to a rejected token.
 
-A subclass only says what to draft (:meth:`DraftVerifyDecoder.propose`) and, if it learns
-from the verification, what it saw (:meth:`DraftVerifyDecoder.observe`).
+How many tokens a row drafts is :class:`DraftLength`'s call. A subclass only says what to
+draft (:meth:`DraftVerifyDecoder.propose`) and, if it learns from the verification, what it
+saw (:meth:`DraftVerifyDecoder.observe`).
 """
 
 from __future__ import annotations
@@ -71,8 +72,60 @@ def prefill(
     return states
 
 
+class DraftLength:
+    """How many tokens each row drafts next, so that drafting never costs much more than it
+    saves. A verification forward of more tokens costs more than a greedy step (about 1.25x
+    for 2-8 tokens on a CPU: ``benchmarks/skinny_linear.py``), so:
+
+    * a row drafts ``start`` tokens; two more after a full-length draft accepted whole (up to
+      ``most``); one fewer after a miss (never fewer than ``least`` or than were accepted);
+    * it keeps a running mean of the tokens accepted per draft; below ``break_even`` (the
+      extra cost of a verification forward, in greedy steps) it stops drafting and decodes
+      greedily, drafting ``least`` tokens every ``probe_every`` steps to see whether drafts
+      have started to pay again.
+    """
+
+    def __init__(self, rows: int, most: int, start: int = 4, least: int = 3, break_even: float = 0.25,
+                 smoothing: float = 0.3, probe_every: int = 8, prior: float = 1.0) -> None:
+        self.most = most
+        self.least = min(least, most)
+        self.break_even = break_even
+        self.smoothing = smoothing
+        self.probe_every = probe_every
+        self.lengths = [min(start, most)] * rows
+        self._accepted_mean = [prior] * rows  # the mean before any draft was verified
+        self._idle = [0] * rows
+
+    def budget(self, row: int) -> int:
+        """The number of tokens ``row`` may draft now."""
+        if self.lengths[row] == 0:
+            self._idle[row] += 1
+            return self.least if self._idle[row] % self.probe_every == 0 else 0
+        return self.lengths[row]
+
+    def update(self, row: int, drafted: int, accepted: int) -> None:
+        """Record that ``accepted`` of the ``drafted`` tokens passed verification."""
+        if drafted == 0:
+            return
+        mean = (1 - self.smoothing) * self._accepted_mean[row] + self.smoothing * accepted
+        self._accepted_mean[row] = mean
+        current = max(self.lengths[row], self.least)  # a probe counts as ``least``
+        if mean < self.break_even:
+            self.lengths[row] = 0
+        elif accepted < drafted:
+            self.lengths[row] = max(accepted, current - 1, self.least)
+        elif drafted >= current:
+            self.lengths[row] = min(current + 2, self.most)
+        else:
+            self.lengths[row] = current
+
+
 class DraftVerifyDecoder(Decoder):
-    """Greedy-exact decoding that verifies ``max_draft`` drafted tokens per forward."""
+    """Greedy-exact decoding that verifies up to ``max_draft`` drafted tokens per forward, the
+    number per row set by :class:`DraftLength`, starting from ``expected_accepted`` tokens
+    accepted per draft."""
+
+    expected_accepted = 1.0
 
     def __init__(self, max_draft: int = 8) -> None:
         if max_draft < 1:
@@ -105,12 +158,13 @@ class DraftVerifyDecoder(Decoder):
         cache = past_key_values if past_key_values is not None else DynamicCache()
         states = prefill(model, input_ids, attention_mask, cache, stop, context_ids)
         self.start(states)
+        lengths = DraftLength(len(states), self.max_draft, prior=self.expected_accepted)
         forwards, accepted_per_pass = 1, [len(states)]
         mask = attention_mask
         while not all(s.done for s in states):
             active = [not s.done for s in states]
-            drafts = [self.propose(r, s, min(self.max_draft, stop.max_new_tokens - len(s.tokens))) if a else []
-                      for r, (s, a) in enumerate(zip(states, active))]
+            budgets = [min(lengths.budget(r), stop.max_new_tokens - len(s.tokens)) if a else 0 for r, (s, a) in enumerate(zip(states, active))]
+            drafts = [self.propose(r, s, b) if b > 0 else [] for r, (s, b) in enumerate(zip(states, budgets))]
             width = max(len(d) for d in drafts)
             ids = torch.tensor([[s.tokens[-1] if s.tokens else 0] + d + [0] * (width - len(d)) for s, d in zip(states, drafts)],
                                device=input_ids.device)
@@ -134,6 +188,7 @@ class DraftVerifyDecoder(Decoder):
                 while accepted < len(drafts[r]) and drafts[r][accepted] == row_pred[accepted]:
                     accepted += 1
                 self.observe(r, state, row_pred, accepted)
+                lengths.update(r, len(drafts[r]), accepted)
                 row_lp = chosen[r].tolist()
                 before = len(state.tokens) + int(state.stopped)
                 for j in range(accepted + 1):

@@ -5,6 +5,9 @@ attention mask: the *lookahead* branch, a window of ``window`` Jacobi guesses wh
 predictions feed an n-gram pool (keyed by first token), and the *verification* branches, up
 to ``candidates`` pooled n-grams that start with the last token. The longest verified n-gram
 is accepted with the model's next token, so the output is exactly greedy. One row at a time.
+
+While the verified n-grams do not pay for the wider forward (:class:`DraftLength`'s running
+mean), a step feeds the last token alone, a greedy step, with a full step every few to probe.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
 from general_decoding.base import Decoder, Generation, StopCriteria
-from general_decoding.draft_verify import prefill
+from general_decoding.draft_verify import DraftLength, prefill
 from general_decoding.kv_cache import keep_columns
 from general_decoding.registry import register_decoder
 
@@ -46,14 +49,19 @@ class LookaheadDecoder(Decoder):
         guesses = (state.history[-self.window:] * self.window)[: self.window]  # any start works
         mask = attention_mask
         dtype = next(model.parameters()).dtype
+        gram_tail = self.ngram - 1  # tokens a verified n-gram may add
+        # its window is Jacobi's (guesses rarely hold untrained); a full step costs about 1.8 greedy steps
+        schedule = DraftLength(1, most=gram_tail, start=gram_tail, least=gram_tail, prior=0.3, probe_every=16)
         while not state.done:
             last = state.tokens[-1]
-            branches = [list(ng) for ng in pool.get(last, [])[: self.candidates]]
-            ids = [last] + guesses + [t for b in branches for t in b]
+            full = schedule.budget(0) > 0
+            window = self.window if full else 0
+            branches = [list(ng) for ng in pool.get(last, [])[: self.candidates]] if full else []
+            ids = [last] + guesses[:window] + [t for b in branches for t in b]
             # position offsets and which new token each new token may see (itself included)
-            offsets = [0] + list(range(1, self.window + 1)) + [j + 1 for b in branches for j in range(len(b))]
-            parents: list[list[int]] = [[0]] + [[0] + list(range(1, i + 2)) for i in range(self.window)]
-            start = 1 + self.window
+            offsets = [0] + list(range(1, window + 1)) + [j + 1 for b in branches for j in range(len(b))]
+            parents: list[list[int]] = [[0]] + [[0] + list(range(1, i + 2)) for i in range(window)]
+            start = 1 + window
             for b in branches:
                 parents += [[0] + list(range(start, start + j + 1)) for j in range(len(b))]
                 start += len(b)
@@ -72,7 +80,7 @@ class LookaheadDecoder(Decoder):
             step_lp = torch.log_softmax(logits.float(), dim=-1)
             predicted = step_lp.argmax(-1).tolist()
             # verification: the longest candidate whose tokens are each the greedy next token
-            best, best_len, start = [], 0, 1 + self.window
+            best, best_len, start = [], 0, 1 + window
             for b in branches:
                 previous, n = 0, 0
                 while n < len(b) and b[n] == predicted[previous]:
@@ -89,11 +97,15 @@ class LookaheadDecoder(Decoder):
                     break
             emitted = len(state.tokens) - before + int(state.stopped)
             accepted_per_pass.append(emitted)
+            if full:
+                schedule.update(0, gram_tail, best_len)
             keep_columns(cache, list(range(past)) + [past + c for c in chain])
             mask = torch.cat([mask, torch.ones(1, len(chain), dtype=mask.dtype, device=device)], dim=1)
+            if not full:
+                continue
             # the lookahead branch: collect n-grams along the window, then move it forward
-            window_pred = predicted[1: 1 + self.window]
-            for i in range(self.window - self.ngram + 2):
+            window_pred = predicted[1: 1 + window]
+            for i in range(window - self.ngram + 2):
                 gram = tuple([guesses[i]] + window_pred[i: i + self.ngram - 1])
                 grams = pool.setdefault(gram[0], [])
                 if gram not in grams:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from general_decoding import StopCriteria, UnknownDecoderError, get_decoder
+from general_decoding.draft_verify import DraftLength
 from general_decoding.kv_cache import cache_bytes, select_rows
 from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, collate_trees, pack_branches, pack_rows
 
@@ -107,3 +108,44 @@ def test_a_trie_feeds_shared_beginnings_once_and_each_node_sees_its_ancestors() 
     assert seen[4].tolist() == [True, False, False, False, True]
     with pytest.raises(ValueError, match="at least one token"):
         build_trie([[1], []])
+
+
+def test_draft_length_grows_on_hits_and_stops_drafting_when_drafts_do_not_pay() -> None:
+    lengths = DraftLength(rows=2, most=8, start=4, least=3, break_even=0.25, probe_every=8)
+    for _ in range(3):  # row 0: every draft accepted whole
+        lengths.update(0, lengths.budget(0), lengths.budget(0))
+    assert lengths.budget(0) == 8
+    lengths.update(0, 8, 5)  # a miss: one fewer, never fewer than accepted
+    assert lengths.budget(0) == 7
+    misses = 0
+    while lengths.budget(1) > 0:  # row 1: nothing is ever accepted
+        lengths.update(1, lengths.budget(1), 0)
+        misses += 1
+    assert misses <= 5
+    budgets = [lengths.budget(1) for _ in range(16)]  # greedy steps, a probe every 8th
+    assert budgets.count(0) == 14 and budgets.count(3) == 2
+    lengths.update(1, 3, 3)  # a probe that hits resumes drafting
+    assert lengths.budget(1) >= 3
+
+
+def test_a_decoder_whose_drafts_miss_costs_about_a_greedy_step_per_token(tiny_engine) -> None:
+    """Jacobi's guesses rarely hold on the tiny model: it falls back to width-1 forwards."""
+    model, eos = tiny_engine.ner_model.model, tiny_engine.ner_model.eos_token_id
+    ids = _ids(tiny_engine, "Text: EU rejects German call to boycott British lamb .\n")
+    stop = StopCriteria(40, frozenset())
+    greedy = get_decoder("greedy").generate(model, ids, stop)
+    widths: list[int] = []
+    original = model.forward
+
+    def counting(*args, **kwargs):
+        widths.append(kwargs["input_ids"].shape[1])
+        return original(*args, **kwargs)
+
+    model.forward = counting
+    try:
+        jacobi = get_decoder("jacobi").generate(model, ids, stop)
+    finally:
+        del model.forward
+    assert jacobi.tokens == greedy.tokens
+    assert jacobi.forward_passes <= greedy.forward_passes
+    assert sum(w == 1 for w in widths[1:]) >= len(widths[1:]) // 2

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from general_decoding.skinny_linear import use_skinny_linear
+
 log = logging.getLogger(__name__)
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
@@ -90,8 +92,10 @@ def converted_gguf(gguf_path: Path) -> Path:
 def load_causal_lm(
     spec: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load model and tokenizer for ``spec`` in evaluation mode."""
+    """Load model and tokenizer for ``spec`` in evaluation mode, its linear layers fast for
+    decoding on the CPU (:mod:`general_decoding.skinny_linear`)."""
     folder = resolve_model_folder(spec)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    use_skinny_linear(model)
     return model, tokenizer
