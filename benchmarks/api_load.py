@@ -13,7 +13,6 @@ Usage: python benchmarks/api_load.py [--seconds S] [--clients C] [--model NAME] 
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
@@ -28,11 +27,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import bar_plots, print_table, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
 from tests.local_services import live_server  # noqa: E402
 from training.data import read_corpus  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 MODES = (False, True)  # micro-batching off (baseline), on
 
 
@@ -96,13 +94,9 @@ def drive(url: str, texts: list[str], clients: int, warmup: float, seconds: floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, "api_load", limit=500, limit_help="dev sentences the clients cycle through")
     parser.add_argument("--seconds", type=float, default=30.0, help="measured window per mode (default %(default)s)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent closed-loop clients (default %(default)s)")
-    parser.add_argument("--model", default="en-conll03")
-    parser.add_argument("--json", default="benchmarks/results/api_load.json")
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
-    parser.add_argument("--limit", type=int, default=500, help="dev sentences the clients cycle through (default %(default)s)")
     parser.add_argument("--warmup", type=float, default=20.0,
                         help="seconds of unmeasured load before each window; at least one round of all clients (default %(default)s)")
     parser.add_argument("--torch-threads", type=int, help="OMP_NUM_THREADS of both servers (default: torch's, one per core)")

@@ -33,7 +33,7 @@ from sqlalchemy import func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import bar_plots, print_table, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
 from pipeline import service  # noqa: E402
 from pipeline.celery_app import app  # noqa: E402
 from pipeline.db import get_engine, session_factory, upgrade  # noqa: E402
@@ -191,11 +191,7 @@ def run_pipeline(texts: list[str], kind: str, workers: int, redis_url: str, args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit", type=int, default=40, help="number of documents (default %(default)s)")
-    parser.add_argument("--json", default="benchmarks/results/batch_throughput.json")
-    parser.add_argument("--model", default="en-conll03")
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
+    parser = benchmark_parser(__doc__, "batch_throughput", limit=40, limit_help="number of documents")
     parser.add_argument("--unit", choices=("sentence", "document"), default="sentence",
                         help="a document is one dev sentence, or one -DOCSTART- document (default %(default)s)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker processes to compare (default 1 2)")

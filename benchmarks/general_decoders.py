@@ -11,7 +11,6 @@ Usage: python benchmarks/general_decoders.py [--limit N] [--json PATH] [--model 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -21,13 +20,12 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import bar_plots, print_table, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
 from general_decoding import StopCriteria, get_decoder  # noqa: E402
 from ner_service.engine import NEREngine, prompts  # noqa: E402
 from ner_service.engine.model_loading import load_causal_lm  # noqa: E402
 from training.data import read_corpus  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 DECODERS = ("greedy", "jacobi", "gs_jacobi", "anpd", "lookahead", "copy")
 CONTINUATION_TOKENS = 48
 
@@ -46,11 +44,7 @@ def queries(engine: NEREngine, text: str, mentions: dict[str, int]) -> dict[str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit", type=int, default=50, help="number of dev sentences (default %(default)s)")
-    parser.add_argument("--json", default="benchmarks/results/general_decoders.json")
-    parser.add_argument("--model", default="en-conll03")
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
+    parser = benchmark_parser(__doc__, "general_decoders", limit=50)
     args = parser.parse_args()
 
     engine = NEREngine.load(args.model)

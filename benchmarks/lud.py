@@ -10,7 +10,6 @@ Usage: python benchmarks/lud.py [--limit N] [--json PATH] [--model LUD_MODEL] [-
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -20,21 +19,17 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import bar_plots, print_table, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
 from general_decoding import get_decoder  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
 from training.data import read_corpus  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit", type=int, default=100, help="dev sentences (default %(default)s)")
-    parser.add_argument("--json", default="benchmarks/results/lud.json")
-    parser.add_argument("--model", default="runs/en-conll03-lud", help="the LUD model, from padellm-ner train-lud (name or folder)")
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
+    parser = benchmark_parser(__doc__, "lud", limit=100, limit_help="dev sentences", model="runs/en-conll03-lud",
+                              model_help="the LUD model, from padellm-ner train-lud (name or folder)")
     parser.add_argument("--threshold", type=float, default=0.9, help="placeholder confidence that extends a unit")
     args = parser.parse_args()
 

@@ -16,7 +16,6 @@ Usage: python benchmarks/padellm_vs_ar.py [--limit N] [--json PATH] [--model NAM
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -26,12 +25,11 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import bar_plots, print_table, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
 from training.data import read_corpus  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("ar", "padellm", "padellm_reencode")
 
 
@@ -41,11 +39,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit", type=int, default=100, help="number of dev sentences (default %(default)s)")
-    parser.add_argument("--json", default="benchmarks/results/padellm_vs_ar.json")
-    parser.add_argument("--model", default="en-conll03")
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
+    parser = benchmark_parser(__doc__, "padellm_vs_ar", limit=100)
     parser.add_argument("--backend", default="greedy", help="token decoder of PaDeLLM's mention answers (default %(default)s)")
     parser.add_argument("--ar-backend", default="greedy", help="token decoder of the AR baseline (default %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -1,10 +1,25 @@
-"""Table, JSON and PNG output shared by the benchmark scripts."""
+"""Options, table, JSON and PNG output shared by the benchmark scripts."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
+
+CONLL_DEV = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "conll2003" / "dev.txt"
+
+
+def benchmark_parser(doc: str | None, name: str, limit: int, limit_help: str = "number of dev sentences",
+                     model: str = "en-conll03", model_help: str | None = None) -> argparse.ArgumentParser:
+    """A parser with the options every benchmark takes: ``--limit``, ``--json`` (default
+    ``benchmarks/results/NAME.json``), ``--model`` and ``--data`` (CoNLL-03 dev)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, default=limit, help=f"{limit_help} (default %(default)s)")
+    parser.add_argument("--json", default=f"benchmarks/results/{name}.json")
+    parser.add_argument("--model", default=model, help=model_help)
+    parser.add_argument("--data", default=str(CONLL_DEV))
+    return parser
 
 
 def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:

@@ -9,41 +9,27 @@ one token (what a drafting decoder must beat).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.reporting import bar_plots, print_table, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
 from general_decoding.kv_cache import select_rows  # noqa: E402
-from general_decoding.skinny_linear import SkinnyLinear  # noqa: E402
+from general_decoding.skinny_linear import use_skinny_linear  # noqa: E402
 from ner_service.engine import NEREngine, prompts  # noqa: E402
 from training.data import read_corpus  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 WIDTHS = (1, 2, 4, 8, 16, 32)
-KINDS = {"linear": nn.Linear, "skinny": SkinnyLinear}
-
-
-def set_linear(model: nn.Module, kind: type[nn.Linear]) -> None:
-    """Make every linear layer of ``model`` a ``kind`` (same weights)."""
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            module.__class__ = kind
+KINDS = {"linear": False, "skinny": True}  # use_skinny_linear(model, enabled)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit", type=int, default=20, help="number of dev sentences (default %(default)s)")
-    parser.add_argument("--json", default="benchmarks/results/skinny_linear.json")
-    parser.add_argument("--model", default="en-conll03")
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
+    parser = benchmark_parser(__doc__, "skinny_linear", limit=20)
     args = parser.parse_args()
 
     engine = NEREngine.load(args.model)
@@ -58,13 +44,13 @@ def main() -> None:
             for width in WIDTHS:
                 fed = torch.randint(100, tokenizer.vocab_size, (1, width), generator=generator)
                 positions = torch.arange(prefix.shape[1], prefix.shape[1] + width)[None]
-                for name, kind in KINDS.items():  # interleaved: noise hits both alike
-                    set_linear(model, kind)
+                for name, skinny in KINDS.items():  # interleaved: noise hits both alike
+                    use_skinny_linear(model, enabled=skinny)
                     cache = select_rows(cached, [0])  # a fresh copy: the forward extends it
                     began = time.perf_counter()
                     model(input_ids=fed, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=width)
                     seconds[name, width].append(time.perf_counter() - began)
-    set_linear(model, SkinnyLinear)
+    use_skinny_linear(model)
     median = {key: 1000 * statistics.median(values) for key, values in seconds.items()}
     results = [{
         "tokens": width,

@@ -33,14 +33,10 @@ class JacobiDecoder(DraftVerifyDecoder):
         self._guesses = [[] for _ in states]
         self._iterations = [[0] for _ in states]
 
-    def _left_in_block(self, state: RowState, budget: int) -> int:
-        if self.block_size is None:
-            return budget
-        return min(budget, self.block_size - len(state.tokens) % self.block_size)
-
     def propose(self, row: int, state: RowState, budget: int) -> list[int]:
-        # the bonus token of this forward fills one unknown: draft the block's other unknowns
-        unknowns = min(budget, self._left_in_block(state, budget + 1) - 1)
+        unknowns = budget
+        if self.block_size is not None:  # the bonus token of this forward fills one of the block's unknowns
+            unknowns = min(budget, self.block_size - len(state.tokens) % self.block_size - 1)
         guesses = self._guesses[row][:unknowns]
         return guesses + [state.tokens[-1]] * (unknowns - len(guesses))
 

@@ -40,12 +40,13 @@ class SkinnyLinear(nn.Linear):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def use_skinny_linear(model: nn.Module) -> int:
-    """Turn every plain ``nn.Linear`` of ``model`` into a :class:`SkinnyLinear` in place;
-    returns how many were turned."""
+def use_skinny_linear(model: nn.Module, enabled: bool = True) -> int:
+    """Turn every plain ``nn.Linear`` of ``model`` into a :class:`SkinnyLinear` in place (or
+    back, with ``enabled=False``; the weights stay); returns how many were turned."""
+    source, target = (nn.Linear, SkinnyLinear) if enabled else (SkinnyLinear, nn.Linear)
     turned = 0
     for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = SkinnyLinear
+        if type(module) is source:
+            module.__class__ = target
             turned += 1
     return turned

@@ -130,7 +130,7 @@ def test_draft_length_grows_on_hits_and_stops_drafting_when_drafts_do_not_pay() 
 
 def test_a_decoder_whose_drafts_miss_costs_about_a_greedy_step_per_token(tiny_engine) -> None:
     """Jacobi's guesses rarely hold on the tiny model: it falls back to width-1 forwards."""
-    model, eos = tiny_engine.ner_model.model, tiny_engine.ner_model.eos_token_id
+    model = tiny_engine.ner_model.model
     ids = _ids(tiny_engine, "Text: EU rejects German call to boycott British lamb .\n")
     stop = StopCriteria(40, frozenset())
     greedy = get_decoder("greedy").generate(model, ids, stop)

@@ -53,9 +53,7 @@ def test_loaded_models_use_it_and_greedy_output_is_unchanged(tiny_engine) -> Non
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert linears and all(type(m) is SkinnyLinear for m in linears)
     plain = copy.deepcopy(model)
-    for module in plain.modules():
-        if type(module) is SkinnyLinear:
-            module.__class__ = nn.Linear
+    assert use_skinny_linear(plain, enabled=False) == len(linears)
     ids = torch.tensor([tokenizer(prompts.prefix("EU rejects German call to boycott British lamb .")).input_ids
                         + tokenizer(prompts.ar_query(), add_special_tokens=False).input_ids])
     stop = StopCriteria(24, frozenset({tiny_engine.ner_model.eos_token_id}))
