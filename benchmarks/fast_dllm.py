@@ -10,11 +10,11 @@ speed-up over the baseline sampler of the same block size. Optionally the PaDeLL
 (en-conll03) is scored on the same texts for reference.
 
 Usage: python benchmarks/fast_dllm.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
+       [--block-sizes 4,8,16] [--thresholds 0.7,0.8,0.9,0.95]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import print_table, write_json  # noqa: E402
+from benchmarks.reporting import benchmark_parser, print_table, write_json  # noqa: E402
 from general_decoding.diffusion import (  # noqa: E402
     BlockDiffusionSampler,
     FactorUnmasking,
@@ -36,7 +36,6 @@ from ner_service.engine import NEREngine  # noqa: E402
 from training.data import read_corpus  # noqa: E402
 from training.evaluate import evaluate_engine, span_f1  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 BLOCK_SIZES = (4, 8, 16)
 THRESHOLDS = (0.7, 0.8, 0.9, 0.95)
 FACTOR = 1.0
@@ -53,15 +52,15 @@ class Variant:
     factor: float | None = None
 
 
-def variants() -> list[Variant]:
+def variants(block_sizes: list[int], thresholds: list[float]) -> list[Variant]:
     """Every configuration: baseline, +cache, +parallel, +both, over block sizes and thresholds."""
     out = []
-    for size in BLOCK_SIZES:
+    for size in block_sizes:
         baseline = llada_sampler(size)
         out.append(Variant("baseline", size, baseline))
         for cache in ("prefix", "dual"):
             out.append(Variant(f"+cache ({cache})", size, BlockDiffusionSampler(size, baseline.unmasking, cache=cache)))
-        for threshold in THRESHOLDS:
+        for threshold in thresholds:
             out.append(Variant("+parallel", size, BlockDiffusionSampler(size, ThresholdUnmasking(threshold)), threshold=threshold))
             out.append(Variant("+both", size, BlockDiffusionSampler(size, ThresholdUnmasking(threshold), cache="dual"), threshold=threshold))
         out.append(Variant("+both (prefix)", size, BlockDiffusionSampler(size, ThresholdUnmasking(0.9), cache="prefix"), threshold=0.9))
@@ -102,18 +101,16 @@ def plot(path: Path, results: list[dict], reference_f1: float | None, title: str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit", type=int, default=200, help="number of dev sentences (default %(default)s)")
-    parser.add_argument("--json", default="benchmarks/results/fast_dllm.json")
-    parser.add_argument("--model", required=True, help="a diffusion NER model folder (padellm-ner train-diffusion)")
+    parser = benchmark_parser(__doc__, "fast_dllm", 200, model="en-conll03-diffusion", model_help="a diffusion NER model (train-diffusion)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--padellm", default="en-conll03", help="PaDeLLM model scored on the same texts ('' to skip)")
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "conll2003" / "dev.txt"))
+    parser.add_argument("--block-sizes", default=",".join(map(str, BLOCK_SIZES)))
+    parser.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
     args = parser.parse_args()
 
     engine = NEREngine.load(args.model)
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
-    configs = variants()
+    configs = variants([int(b) for b in args.block_sizes.split(",")], [float(t) for t in args.thresholds.split(",")])
     seconds = [0.0] * len(configs)
     tokens = [0] * len(configs)
     forwards = [0] * len(configs)

@@ -17,6 +17,7 @@ from general_decoding.diffusion import (
     ThresholdUnmasking,
     bidirectional_mask,
     block_bounds,
+    causal_prompt_mask,
     left_pad_prompts,
     llada_sampler,
 )
@@ -89,6 +90,17 @@ def test_block_bounds_cover_the_answer_in_order() -> None:
         block_bounds(0, 8, 0)
 
 
+def test_a_causal_prompt_never_sees_the_answer_and_the_answer_sees_everything() -> None:
+    key_mask = torch.tensor([[0, 1, 1, 1, 1, 1]])  # one padding column, prompt = columns 1-2, answer = 3-5
+    seen = causal_prompt_mask(key_mask, torch.float32, answer_start=3)[0, 0] == 0
+    assert seen[1].tolist() == [False, True, False, False, False, False]
+    assert seen[2].tolist() == [False, True, True, False, False, False]
+    assert seen[4].tolist() == [False, True, True, True, True, True]
+    # a cached step: queries = columns 2-3, keys = cached columns 0-1 then 2-3
+    step = causal_prompt_mask(key_mask[:, :4], torch.float32, 3, query_columns=[2, 3], key_columns=[0, 1, 2, 3])[0, 0] == 0
+    assert step.tolist() == [[False, True, True, False], [False, True, True, True]]
+
+
 def test_prompts_are_right_aligned_and_padding_is_never_attended() -> None:
     ids, mask = left_pad_prompts([[7, 8, 9], [5]], pad_id=0)
     assert ids.tolist() == [[7, 8, 9], [0, 0, 5]]
@@ -136,19 +148,23 @@ def test_factor_rule_accepts_the_leading_run_that_meets_its_bound() -> None:
 # -- samplers with the shipped diffusion model ------------------------------------------------
 
 
+@pytest.mark.parametrize(("shift", "causal_prompt"), [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
-def test_cache_refreshed_every_step_reproduces_the_uncached_sampler(batch: dict, cache: str) -> None:
-    uncached = _run(BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache="none"), batch)
-    refreshed = _run(BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache=cache, refresh_every=1), batch)
+def test_cache_refreshed_every_step_reproduces_the_uncached_sampler(batch: dict, cache: str, shift: bool, causal_prompt: bool) -> None:
+    layout = {"shift": shift, "causal_prompt": causal_prompt}
+    uncached = _run(BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache="none", **layout), batch)
+    refreshed = _run(BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache=cache, refresh_every=1, **layout), batch)
     assert refreshed.tokens == uncached.tokens
     assert refreshed.token_logprobs == uncached.token_logprobs
     assert refreshed.steps_per_block == uncached.steps_per_block
 
 
+@pytest.mark.parametrize("shift", [False, True])
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
-def test_a_fresh_cache_gives_the_full_forward_logits(batch: dict, cache: str) -> None:
-    """The cached block forward equals the full forward while the cache is up to date."""
-    sampler = BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache=cache)
+def test_a_fresh_cache_gives_the_full_forward_logits(batch: dict, cache: str, shift: bool) -> None:
+    """The cached block forward equals the full forward while the cache is up to date (with
+    ``shift`` the block is read from the column before each position, which runs with it)."""
+    sampler = BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache=cache, shift=shift)
     model = batch["model"]
     ids, key_mask = left_pad_prompts(batch["prompts"], batch["eos_id"])
     start = ids.shape[1]
@@ -230,3 +246,22 @@ def test_training_rows_and_a_short_run_save_a_loadable_model(tmp_path: Path) -> 
     assert engine.ner_model.config.max_ar_tokens == 12 and tokenizer.mask_token_id is not None
     [result] = engine.extract(["Peter lives in Paris ."], decoder="fast_dllm")
     assert result.stats.forward_passes > 0
+
+
+def test_an_adapted_ner_model_trains_a_stacked_adapter_that_decodes(tmp_path: Path) -> None:
+    """``init`` = an NER model: a LoRA adapter on it, an existing token as the mask, the
+    next-token head kept (``diffusion_shift``); it saves small and loads like any model."""
+    from ner_service.engine import NERModelConfig
+    from training.diffusion import DiffusionConfig, train_diffusion
+
+    corpus = tmp_path / "train.jsonl"
+    corpus.write_text('{"text": "Peter lives in Paris .", "entities": [{"start": 0, "end": 5, "label": "PER"}]}\n' * 8, encoding="utf-8")
+    train_diffusion(DiffusionConfig(train=str(corpus), output=str(tmp_path / "model"), init="tiny-conll03", mask_token="^",
+                                    lora_r=4, lora_layers=1, answer_tokens=12, batch_rows=8, max_steps=2, warmup_steps=1))
+    config = NERModelConfig.read(tmp_path / "model")
+    assert (config.base, config.mask_token, config.diffusion_shift, config.diffusion_causal_prompt) == ("tiny-conll03", "^", True, True)
+    assert (tmp_path / "model" / "adapter_model.safetensors").is_file() and not (tmp_path / "model" / "model.safetensors").exists()
+    engine = NEREngine.load(tmp_path / "model")
+    assert engine.ner_model.tokenizer.mask_token_id == engine.ner_model.tokenizer.convert_tokens_to_ids("^")
+    [result] = engine.extract(["Peter lives in Paris ."], decoder="fast_dllm")
+    assert result.stats.forward_passes > 0 and all("Peter lives in Paris ."[e.start:e.end] == e.text for e in result.entities)

@@ -12,6 +12,14 @@ The objective (LLaDA SFT): per row draw a mask ratio ``t ~ U(eps, 1)``, replace 
 token by the mask token with probability ``t``, and take the cross-entropy on the masked
 tokens weighted by ``1 / t`` and averaged over the answer length. Attention is
 bidirectional (:func:`general_decoding.diffusion.layout.bidirectional_mask`).
+
+Three starting points (``init``): a small Llama from scratch, SmolLM2-135M made
+bidirectional, or a trained NER model (``en-conll03``): the AR-to-diffusion adaptation of
+Dream and DiffuLLaMA, which keeps the model's next-token head (column ``i - 1`` predicts the
+token at ``i``, ``shift``) and trains a LoRA adapter stacked on the model, with one of its
+unused special tokens as the mask, so that it saves as a small adapter. The adapted model
+keeps its prompt causal (``causal_prompt``): only the answer attends bidirectionally, so the
+prompt is read exactly as the model learnt to read it.
 """
 
 from __future__ import annotations
@@ -28,17 +36,19 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from general_decoding.diffusion.layout import bidirectional_mask, left_pad_prompts
+from general_decoding.diffusion.layout import bidirectional_mask, causal_prompt_mask, left_pad_prompts
 from ner_service.engine import NERModelConfig, prompts
 from ner_service.engine.model_loading import load_causal_lm
-from ner_service.engine.ner_model import SELF_CONTAINED
+from ner_service.engine.ner_model import SELF_CONTAINED, NERModel
 from training.data import Example, labels_of, read_corpus
 from training.tiny_model import build_tokenizer
 from training.trainer import optimizer_step
 
 MASK = "<mask>"
 EPS = 1e-3
-INITS = ("scratch", "smollm2")
+#: the linear layers of a Llama-style decoder layer that an adapter adapts
+LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+INITS = ("scratch", "smollm2")  # or the name or folder of an NER model to adapt
 
 
 @dataclass
@@ -48,7 +58,7 @@ class DiffusionConfig:
     train: str
     output: str
     name: str = "en-conll03-diffusion"
-    init: str = "scratch"  # "scratch", "smollm2" or a diffusion model folder to continue from
+    init: str = "scratch"  # "scratch", "smollm2", or an NER model (name or folder) to adapt with LoRA
     base: str = "smollm2-135m-instruct"
     answer_tokens: int = 64
     vocab_size: int = 4096
@@ -56,6 +66,10 @@ class DiffusionConfig:
     layers: int = 4
     heads: int = 8
     lr: float = 2e-3
+    lora_r: int = 16  # adapter rank when ``init`` is an NER model
+    lora_alpha: int = 32
+    lora_layers: int | None = None  # adapt only the top N layers (backward stops below them); None: all
+    mask_token: str = "<empty_output>"  # an existing token an adapted model without a mask token uses as its mask
     warmup_steps: int = 100
     batch_rows: int = 32
     max_steps: int | None = None
@@ -91,9 +105,13 @@ def build_row(example: Example, labels: list[str], tokenizer: PreTrainedTokenize
     return DiffusionRow(prompt, answer + [eos] * (answer_tokens - len(answer)))
 
 
-def diffusion_loss(model: PreTrainedModel, rows: list[DiffusionRow], mask_id: int, pad_id: int, generator: torch.Generator) -> torch.Tensor:
-    """The LLaDA SFT loss of a batch: masked-token cross-entropy weighted by ``1 / t``."""
+def diffusion_loss(model: PreTrainedModel, rows: list[DiffusionRow], mask_id: int, pad_id: int, generator: torch.Generator,
+                   shift: bool = False, causal_prompt: bool = False) -> torch.Tensor:
+    """The LLaDA SFT loss of a batch: masked-token cross-entropy weighted by ``1 / t`` (with
+    ``shift``, each answer token is predicted from the column before it; with
+    ``causal_prompt``, only the answer attends bidirectionally)."""
     ids, attention = left_pad_prompts([r.prompt for r in rows], pad_id)
+    answer_start = ids.shape[1]
     answers = torch.tensor([r.answer for r in rows])
     batch, length = answers.shape
     t = (1 - EPS) * torch.rand(batch, 1, generator=generator) + EPS
@@ -104,21 +122,33 @@ def diffusion_loss(model: PreTrainedModel, rows: list[DiffusionRow], mask_id: in
     device = model.device
     dtype = next(model.parameters()).dtype
     hidden = model.get_decoder()(
-        input_ids=ids.to(device), attention_mask=bidirectional_mask(attention, dtype).to(device),
+        input_ids=ids.to(device),
+        attention_mask=(causal_prompt_mask(attention, dtype, answer_start) if causal_prompt else bidirectional_mask(attention, dtype)).to(device),
         position_ids=(attention.cumsum(-1) - 1).clamp(min=0).to(device),
-    ).last_hidden_state[:, -length:]
+    ).last_hidden_state[:, ids.shape[1] - length - int(shift):ids.shape[1] - int(shift)]
     logits = model.get_output_embeddings()(hidden[masked.to(device)]).float()
     losses = torch.nn.functional.cross_entropy(logits, answers.to(device)[masked.to(device)], reduction="none")
     weights = (1 / t).expand(batch, length)[masked].to(device)
     return (losses * weights).sum() / (batch * length)
 
 
-def _init_model(config: DiffusionConfig, examples: list[Example], labels: list[str]) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+@dataclass
+class _Start:
+    """The model to train and how: ``adapted_from`` names the NER model a LoRA adapter is stacked on."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    adapted_from: NERModelConfig | None = None
+    shift: bool = False
+    causal_prompt: bool = False
+
+
+def _init_model(config: DiffusionConfig, examples: list[Example], labels: list[str]) -> _Start:
     """A from-scratch Llama with its own BPE tokenizer, SmolLM2 (attention made bidirectional by
-    the mask), or the model folder ``init`` names (to continue training)."""
+    the mask), or an NER model with a LoRA adapter to train (:func:`_adapt`)."""
     if config.init not in INITS:
-        model, tokenizer = load_causal_lm(config.init)
-    elif config.init == "smollm2":
+        return _adapt(config)
+    if config.init == "smollm2":
         model, tokenizer = load_causal_lm(config.base)
         if tokenizer.mask_token is None:
             tokenizer.add_special_tokens({"mask_token": MASK})
@@ -134,17 +164,51 @@ def _init_model(config: DiffusionConfig, examples: list[Example], labels: list[s
         ))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.float().train(), tokenizer
+    return _Start(model.float().train(), tokenizer)
 
 
-def save_diffusion_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: DiffusionConfig, labels: list[str],
-                         folder: Path, summary: dict) -> None:
-    """A self-contained Hugging Face folder with ``ner_model.json`` (``max_ar_tokens`` = answer length)."""
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    NERModelConfig(name=config.name, labels=labels, base=SELF_CONTAINED, max_ar_tokens=config.answer_tokens,
-                   eos_token=tokenizer.eos_token, metrics={"decoder": "fast_dllm"}).write(folder)
+def _adapt(config: DiffusionConfig) -> _Start:
+    """The NER model ``init`` (merged) under a fresh LoRA adapter; its mask is its own mask token,
+    else the existing token ``mask_token`` (an unused special token of SmolLM2 by default), so the
+    vocabulary (and the base's embeddings) stay as they are. An autoregressive model keeps its
+    next-token head (``shift``)."""
+    from peft import LoraConfig, get_peft_model
+
+    ner = NERModel.load(config.init)
+    tokenizer = ner.tokenizer
+    if tokenizer.mask_token is None:
+        if tokenizer.convert_tokens_to_ids(config.mask_token) in (None, tokenizer.unk_token_id):
+            raise ValueError(f"model {config.init!r} has no mask token and no {config.mask_token!r} token to use as one (--mask-token)")
+        tokenizer.mask_token = config.mask_token
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    adapted = ner.config.mask_token is None  # an autoregressive model, not a diffusion model to continue
+    shift = True if adapted else ner.config.diffusion_shift
+    causal_prompt = True if adapted else ner.config.diffusion_causal_prompt
+    layers = ner.model.config.num_hidden_layers
+    top = None if config.lora_layers is None else list(range(max(0, layers - config.lora_layers), layers))
+    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules=LINEAR_MODULES, layers_to_transform=top,
+                      task_type="CAUSAL_LM")
+    return _Start(get_peft_model(ner.model.float(), lora).train(), tokenizer, ner.config, shift, causal_prompt)
+
+
+def save_diffusion_model(start: _Start, config: DiffusionConfig, labels: list[str], folder: Path, summary: dict) -> None:
+    """A Hugging Face folder with ``ner_model.json`` (``max_ar_tokens`` = answer length): the whole
+    model with its tokenizer, or an adapter (float16) stacked on the NER model it adapted."""
+    start.model.eval()
+    inner = start.adapted_from
+    if inner is None:
+        start.model.save_pretrained(folder)
+        start.tokenizer.save_pretrained(folder)
+    else:
+        trained = {k: v.half() for k, v in start.model.state_dict().items() if "lora_" in k}
+        start.model.save_pretrained(folder, state_dict=trained)
+    NERModelConfig(name=config.name, labels=labels, base=SELF_CONTAINED if inner is None else config.init,
+                   language=inner.language if inner else "en", label_names=inner.label_names if inner else {},
+                   max_ar_tokens=config.answer_tokens, eos_token=start.tokenizer.eos_token, mask_token=start.tokenizer.mask_token,
+                   diffusion_shift=start.shift, diffusion_causal_prompt=start.causal_prompt, metrics={"decoder": "fast_dllm"}).write(folder)
     (folder / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    start.model.train()
 
 
 def train_diffusion(config: DiffusionConfig) -> dict:
@@ -154,10 +218,13 @@ def train_diffusion(config: DiffusionConfig) -> dict:
     generator = torch.Generator().manual_seed(config.seed)
     examples = read_corpus(config.train)[: config.limit]
     labels = labels_of(examples)
-    model, tokenizer = _init_model(config, examples, labels)
+    start = _init_model(config, examples, labels)
+    model, tokenizer = start.model, start.tokenizer
+    if start.adapted_from is not None:
+        labels = start.adapted_from.labels or labels
     rows = [build_row(e, labels, tokenizer, config.answer_tokens) for e in tqdm(examples, desc="build rows", unit="text")]
     mask_id, pad_id = int(tokenizer.mask_token_id), int(tokenizer.pad_token_id)
-    parameters = list(model.parameters())
+    parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.01, betas=(0.9, 0.98))
     budget = config.max_minutes * 60 if config.max_minutes else math.inf
     max_steps = config.max_steps or 10**9
@@ -181,7 +248,7 @@ def train_diffusion(config: DiffusionConfig) -> dict:
         for batch in batches:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step)
-            loss = diffusion_loss(model, [rows[i] for i in batch], mask_id, pad_id, generator)
+            loss = diffusion_loss(model, [rows[i] for i in batch], mask_id, pad_id, generator, start.shift, start.causal_prompt)
             optimizer_step(loss, parameters, optimizer)
             step += 1
             tokens += sum(len(rows[i].prompt) + config.answer_tokens for i in batch)
@@ -193,14 +260,13 @@ def train_diffusion(config: DiffusionConfig) -> dict:
             if seconds - (last_save - began) > config.save_minutes * 60:
                 last_save = time.perf_counter()
                 summary = _summary(config, step, tokens, seconds, history)
-                save_diffusion_model(model.eval(), tokenizer, config, labels, output / "checkpoint", summary)
-                model.train()
+                save_diffusion_model(start, config, labels, output / "checkpoint", summary)
             if progress(step) >= 1.0:
                 break
     bar.close()
     seconds = time.perf_counter() - began
     summary = _summary(config, step, tokens, seconds, history)
-    save_diffusion_model(model.eval(), tokenizer, config, labels, output, summary)
+    save_diffusion_model(start, config, labels, output, summary)
     shutil.rmtree(output / "checkpoint", ignore_errors=True)
     return summary
 

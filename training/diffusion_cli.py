@@ -15,6 +15,7 @@ def cmd_train_diffusion(args: argparse.Namespace) -> int:
     config = DiffusionConfig(
         train=args.train, output=args.output, name=args.name, init=args.init, base=args.base, answer_tokens=args.answer_tokens,
         vocab_size=args.vocab_size, hidden_size=args.hidden_size, layers=args.layers, heads=args.heads, lr=args.lr,
+        lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_layers=args.lora_layers, mask_token=args.mask_token,
         warmup_steps=args.warmup_steps, batch_rows=args.batch_rows, max_steps=args.max_steps, max_minutes=args.max_minutes,
         limit=args.limit, seed=args.seed,
     )
@@ -33,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", required=True)
     parser.add_argument("--name", default=defaults.name)
     parser.add_argument("--init", default=defaults.init,
-                        help=f"{' or '.join(INITS)} (a new small Llama, or SmolLM2-135M made bidirectional), or a model folder to continue")
+                        help=f"{' or '.join(INITS)} (a new small Llama, or SmolLM2-135M made bidirectional), or an NER model "
+                             "(name or folder, e.g. en-conll03) adapted with a LoRA adapter")
     parser.add_argument("--base", default=defaults.base, help="the model --init smollm2 starts from")
     parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens, help="fixed answer length (end-padded)")
     parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
@@ -41,6 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--layers", type=int, default=defaults.layers)
     parser.add_argument("--heads", type=int, default=defaults.heads)
     parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--lora-r", type=int, default=defaults.lora_r, help="adapter rank (--init with an NER model)")
+    parser.add_argument("--lora-alpha", type=int, default=defaults.lora_alpha)
+    parser.add_argument("--lora-layers", type=int, default=None, help="adapt only the top N layers (faster: backward stops below them)")
+    parser.add_argument("--mask-token", default=defaults.mask_token, help="existing token used as the mask when adapting an NER model")
     parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
     parser.add_argument("--batch-rows", type=int, default=defaults.batch_rows)
     parser.add_argument("--max-steps", type=int, default=None)

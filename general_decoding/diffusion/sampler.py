@@ -13,7 +13,13 @@ rule fills some masked positions with their most likely tokens. Caches (Fast-dLL
 The cache is approximate (the cached columns would see the newly unmasked tokens); it is
 rebuilt at every block boundary, and every ``refresh_every`` steps when that is set
 (``refresh_every=1`` reproduces the uncached sampler exactly). Once a row has produced the
-end token, its later blocks are filled with end tokens without decoding.
+end token, it leaves the batch: its later blocks are filled with end tokens without decoding.
+
+``shift`` reads each position's token from the hidden state one column to its left, as the
+model was trained when it was adapted from an autoregressive LM (Dream, DiffuLLaMA): the next-
+token head it came with is kept. The column left of the block then runs with the block.
+``causal_prompt`` keeps the prompt causal (:func:`causal_prompt_mask`): only the answer is
+bidirectional, and the prompt's keys and values never change, so a prefix cache is exact.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from general_decoding.diffusion.layout import bidirectional_mask, block_bounds, left_pad_prompts
+from general_decoding.diffusion.layout import bidirectional_mask, block_bounds, causal_prompt_mask, left_pad_prompts
 from general_decoding.diffusion.unmasking import FixedStepsUnmasking, ThresholdUnmasking, Unmasking
 from general_decoding.kv_cache import keep_columns, keep_first
 
@@ -55,6 +61,8 @@ class BlockDiffusionSampler:
     unmasking: Unmasking = field(default_factory=lambda: ThresholdUnmasking(0.9))
     cache: str = "none"
     refresh_every: int | None = None
+    shift: bool = False
+    causal_prompt: bool = False
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_MODES:
@@ -78,7 +86,8 @@ class BlockDiffusionSampler:
         ids = torch.cat([ids, torch.full((len(prompts), answer_length), mask_id, dtype=torch.long)], dim=1).to(device)
         key_mask = torch.cat([key_mask, torch.ones(len(prompts), answer_length, dtype=torch.long)], dim=1).to(device)
         positions = (key_mask.cumsum(-1) - 1).clamp(min=0)
-        full_mask = bidirectional_mask(key_mask, dtype).to(device)
+        self._answer_start = start_answer
+        full_mask = self._mask(key_mask, dtype).to(device)
         logprobs = torch.zeros(ids.shape, dtype=torch.float32, device=device)
         out = DiffusionOutput([], [], [])
         for start, end in block_bounds(start_answer, answer_length, self.block_size):
@@ -86,20 +95,10 @@ class BlockDiffusionSampler:
             ids[done, start:] = torch.where(ids[done, start:] == mask_id, eos_id, ids[done, start:])
             if done.all():
                 break
-            initial = (ids[:, start:end] == mask_id).sum(-1)
-            step, cache, cached_mask = 0, None, None
-            while (masked := ids[:, start:end] == mask_id).any():
-                if self.cache == "none" or cache is None or (self.refresh_every and step % self.refresh_every == 0):
-                    hidden, cache, cached_mask = self._full(model, ids, positions, key_mask, full_mask, start, end)
-                else:
-                    hidden = self._cached(model, ids, positions, key_mask, cache, cached_mask, start, end)
-                logits = model.get_output_embeddings()(hidden).float()
-                logits[..., mask_id] = -torch.inf  # a position is never "unmasked" to the mask token
-                confidence, tokens = logits.softmax(-1).max(-1)
-                chosen = self.unmasking.select(confidence.cpu(), masked.cpu(), step, initial.cpu()).to(device)
-                ids[:, start:end] = torch.where(chosen, tokens, ids[:, start:end])
-                logprobs[:, start:end] = torch.where(chosen, confidence.log(), logprobs[:, start:end])
-                step += 1
+            active = (~done).nonzero().squeeze(-1)  # finished rows leave the batch
+            block_ids, block_logprobs = ids[active], logprobs[active]
+            step = self._block(model, block_ids, positions[active], key_mask[active], full_mask[active], block_logprobs, start, end, mask_id)
+            ids[active], logprobs[active] = block_ids, block_logprobs
             out.forward_passes += step
             out.steps_per_block.append(step)
         for row, answer in enumerate(ids[:, start_answer:].tolist()):
@@ -109,34 +108,62 @@ class BlockDiffusionSampler:
             out.stopped.append(cut < len(answer))
         return out
 
+    def _mask(self, key_mask: torch.Tensor, dtype: torch.dtype, query_columns: list[int] | None = None,
+              key_columns: list[int] | None = None) -> torch.Tensor:
+        """The attention mask of queries at ``query_columns`` over keys at ``key_columns`` (default: all)."""
+        if self.causal_prompt:
+            return causal_prompt_mask(key_mask, dtype, self._answer_start, query_columns, key_columns)
+        return bidirectional_mask(key_mask, dtype, queries=None if query_columns is None else len(query_columns))
+
+    def _block(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor, full_mask: torch.Tensor,
+               logprobs: torch.Tensor, start: int, end: int, mask_id: int) -> int:
+        """Unmask columns ``[start, end)`` of every row in place; return the steps (forwards) taken."""
+        initial = (ids[:, start:end] == mask_id).sum(-1)
+        step, cache, cached_mask = 0, None, None
+        while (masked := ids[:, start:end] == mask_id).any():
+            if self.cache == "none" or cache is None or (self.refresh_every and step % self.refresh_every == 0):
+                hidden, cache, cached_mask = self._full(model, ids, positions, key_mask, full_mask, start, end)
+            else:
+                hidden = self._cached(model, ids, positions, key_mask, cache, cached_mask, start, end)
+            logits = model.get_output_embeddings()(hidden).float()
+            logits[..., mask_id] = -torch.inf  # a position is never "unmasked" to the mask token
+            confidence, tokens = logits.softmax(-1).max(-1)
+            chosen = self.unmasking.select(confidence.cpu(), masked.cpu(), step, initial.cpu()).to(ids.device)
+            ids[:, start:end] = torch.where(chosen, tokens, ids[:, start:end])
+            logprobs[:, start:end] = torch.where(chosen, confidence.log(), logprobs[:, start:end])
+            step += 1
+        return step
+
     def _full(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
               full_mask: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, DynamicCache | None, torch.Tensor | None]:
-        """Run the whole sequence; return the block's hidden states and, when caching, the
-        keys/values of the columns the cache keeps (and their padding mask)."""
+        """Run the whole sequence; return the hidden states that predict the block and, when
+        caching, the keys/values of the columns the cache keeps (and their padding mask)."""
         use_cache = self.cache != "none"
+        lead = start - int(self.shift)  # first column that runs with the block
         result = model.get_decoder()(input_ids=ids, attention_mask=full_mask, position_ids=positions,
                                      past_key_values=DynamicCache() if use_cache else None, use_cache=use_cache)
+        hidden = result.last_hidden_state[:, lead:end - int(self.shift)]
         if not use_cache:
-            return result.last_hidden_state[:, start:end], None, None
+            return hidden, None, None
         cache = result.past_key_values
         if self.cache == "prefix":
-            keep_first(cache, start)
-            cached_mask = key_mask[:, :start]
+            self._cached_columns = list(range(lead))
+            keep_first(cache, lead)
         else:
-            columns = list(range(start)) + list(range(end, ids.shape[1]))
-            keep_columns(cache, columns)
-            cached_mask = key_mask[:, columns]
-        return result.last_hidden_state[:, start:end], cache, cached_mask
+            self._cached_columns = list(range(lead)) + list(range(end, ids.shape[1]))
+            keep_columns(cache, self._cached_columns)
+        return hidden, cache, key_mask[:, self._cached_columns]
 
     def _cached(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
                 cache: DynamicCache, cached_mask: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Run the block (and, with a prefix cache, what follows it) against the cache; the
         cache is cut back to its columns afterwards."""
+        lead = start - int(self.shift)
         stop = end if self.cache == "dual" else ids.shape[1]
-        keys = torch.cat([cached_mask, key_mask[:, start:stop]], dim=1)
-        mask = bidirectional_mask(keys, model.dtype, queries=stop - start)
-        result = model.get_decoder()(input_ids=ids[:, start:stop], attention_mask=mask.to(ids.device),
-                                     position_ids=positions[:, start:stop], past_key_values=cache, use_cache=True)
+        keys = torch.cat([cached_mask, key_mask[:, lead:stop]], dim=1)
+        mask = self._mask(keys, model.dtype, list(range(lead, stop)), self._cached_columns + list(range(lead, stop)))
+        result = model.get_decoder()(input_ids=ids[:, lead:stop], attention_mask=mask.to(ids.device),
+                                     position_ids=positions[:, lead:stop], past_key_values=cache, use_cache=True)
         keep_first(cache, cached_mask.shape[1])
         return result.last_hidden_state[:, : end - start]
 

@@ -8,6 +8,7 @@ its tokens' log-confidence at the step that unmasked them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from general_decoding.diffusion import BlockDiffusionSampler, fast_dllm_sampler
@@ -34,7 +35,9 @@ def extract_mentions(engine: "NEREngine", windows: list["_Window"], labels: list
     if mask_id is None:
         raise NotADiffusionModelError(f"model {ner_model.config.name!r} is not a masked-diffusion model (no mask token); "
                                       "decoder 'fast_dllm' needs one (train it with `padellm-ner train-diffusion`)")
-    out = (sampler or default_sampler()).sample(ner_model.model, engine._ar_prompts(windows), ner_model.config.max_ar_tokens, int(mask_id),
+    config = ner_model.config
+    sampler = replace(sampler or default_sampler(), shift=config.diffusion_shift, causal_prompt=config.diffusion_causal_prompt)
+    out = sampler.sample(ner_model.model, engine._ar_prompts(windows), ner_model.config.max_ar_tokens, int(mask_id),
                                                 ner_model.eos_token_id, engine._pad)
     stats.forward_passes += out.forward_passes
     stats.generated_tokens += out.generated_tokens
