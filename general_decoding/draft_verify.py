@@ -82,7 +82,8 @@ class DraftLength:
     * it keeps a running mean of the tokens accepted per draft; below ``break_even`` (the
       extra cost of a verification forward, in greedy steps) it stops drafting and decodes
       greedily, drafting ``least`` tokens every ``probe_every`` steps to see whether drafts
-      have started to pay again.
+      have started to pay again. A ``prior`` mean below ``break_even`` (a drafter measured not
+      to pay) starts that way: the first draft is a probe after ``probe_every`` greedy steps.
     """
 
     def __init__(self, rows: int, most: int, start: int = 4, least: int = 3, break_even: float = 0.25,
@@ -92,7 +93,7 @@ class DraftLength:
         self.break_even = break_even
         self.smoothing = smoothing
         self.probe_every = probe_every
-        self.lengths = [min(start, most)] * rows
+        self.lengths = [min(start, most) if prior >= break_even else 0] * rows
         self._accepted_mean = [prior] * rows  # the mean before any draft was verified
         self._idle = [0] * rows
 

@@ -26,6 +26,10 @@ class LookaheadDecoder(Decoder):
     """Jacobi window of ``window`` tokens, ``ngram``-grams, up to ``candidates`` verified per forward."""
 
     supports_batch = False
+    #: full steps' expected extra tokens (DraftLength's prior): its window is Jacobi's, whose
+    #: guesses rarely hold untrained, and a full step costs about 1.8 greedy steps, so it starts
+    #: with greedy steps; a full step every 16 probes whether the pool pays
+    expected_accepted = 0.1
 
     def __init__(self, window: int = 5, ngram: int = 3, candidates: int = 5) -> None:
         if window < 1 or ngram < 2 or candidates < 1:
@@ -50,8 +54,7 @@ class LookaheadDecoder(Decoder):
         mask = attention_mask
         dtype = next(model.parameters()).dtype
         gram_tail = self.ngram - 1  # tokens a verified n-gram may add
-        # its window is Jacobi's (guesses rarely hold untrained); a full step costs about 1.8 greedy steps
-        schedule = DraftLength(1, most=gram_tail, start=gram_tail, least=gram_tail, prior=0.3, probe_every=16)
+        schedule = DraftLength(1, most=gram_tail, start=gram_tail, least=gram_tail, prior=self.expected_accepted, probe_every=16)
         while not state.done:
             last = state.tokens[-1]
             full = schedule.budget(0) > 0

@@ -21,7 +21,7 @@ def _engine(args: argparse.Namespace):
 
     from ner_service.engine import NEREngine
 
-    return NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    return NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=args.count_bias)
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, backend_flag: str = "--backend") -> None:
@@ -33,6 +33,8 @@ def _add_engine_options(parser: argparse.ArgumentParser, backend_flag: str = "--
     parser.add_argument("--labels", default=None, help="comma-separated subset of the model's labels")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--count-bias", type=float, default=None,
+                        help="PaDeLLM: favour larger counts by this much log-probability per unit (default: the model's count_bias)")
 
 
 def _labels(args: argparse.Namespace) -> list[str] | None:

@@ -128,6 +128,13 @@ def test_draft_length_grows_on_hits_and_stops_drafting_when_drafts_do_not_pay() 
     assert lengths.budget(1) >= 3
 
 
+def test_draft_length_with_a_prior_below_break_even_starts_greedy_and_probes() -> None:
+    lengths = DraftLength(rows=1, most=8, start=4, least=3, break_even=0.25, probe_every=8, prior=0.05)
+    assert [lengths.budget(0) for _ in range(8)] == [0] * 7 + [3]
+    lengths.update(0, 3, 3)  # the probe's draft held: drafting resumes
+    assert lengths.budget(0) >= 3
+
+
 def test_a_decoder_whose_drafts_miss_costs_about_a_greedy_step_per_token(tiny_engine) -> None:
     """Jacobi's guesses rarely hold on the tiny model: it falls back to width-1 forwards."""
     model = tiny_engine.ner_model.model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from general_decoding import UnknownDecoderError
 from ner_service.engine import NEREngine, UnknownLabelError
@@ -51,3 +52,16 @@ def test_long_text_is_windowed_with_offsets_kept(tiny_engine: NEREngine) -> None
     for decoder in ("padellm", "ar"):
         (result,) = engine.extract([text], decoder=decoder)
         assert all(text[e.start:e.end] == e.text for e in result.entities)
+
+
+def test_count_bias_favours_larger_counts(tiny_engine: NEREngine) -> None:
+    tokenizer = tiny_engine.ner_model.tokenizer
+    one, two = tokenizer.convert_tokens_to_ids(["1", "2"])
+    logits = torch.full((1, len(tokenizer)), -30.0)
+    logits[0, one], logits[0, two] = 1.0, 0.8  # "1" slightly more probable than "2"
+    assert NEREngine(tiny_engine.ner_model, count_bias=0.0)._biased_counts(logits).argmax(-1).item() == one
+    assert NEREngine(tiny_engine.ner_model, count_bias=0.5)._biased_counts(logits).argmax(-1).item() == two
+    plain = NEREngine(tiny_engine.ner_model, count_bias=0.0).extract(TEXTS[:2])
+    eager = NEREngine(tiny_engine.ner_model, count_bias=3.0).extract(TEXTS[:2])  # every count becomes large
+    assert eager[0].stats.generated_tokens > plain[0].stats.generated_tokens  # more mention queries were answered
+    assert all(TEXTS[i][e.start:e.end] == e.text for i, r in enumerate(eager) for e in r.entities)

@@ -38,8 +38,12 @@ def _queries(tokenizer) -> list[list[int]]:
 
 
 def _decoder(name: str, model):
+    """The decoder, drafting from its first step (Jacobi and lookahead would otherwise start
+    greedy on these models), so that every draft-and-verify path runs."""
     if name != "speculative":
-        return get_decoder(name)
+        decoder = get_decoder(name)
+        decoder.expected_accepted = 1.0
+        return decoder
     draft = copy.deepcopy(model)  # a perturbed copy: drafts are right only part of the time
     with torch.no_grad():
         generator = torch.Generator().manual_seed(0)

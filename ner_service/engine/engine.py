@@ -98,10 +98,14 @@ class NEREngine:
 
     diffusion_sampler: BlockDiffusionSampler | None = None  # decoder "fast_dllm"; None: diffusion.default_sampler()
 
-    def __init__(self, ner_model: NERModel, max_window_tokens: int = 160, max_batch_texts: int = 16, share_prefix: bool = True) -> None:
+    def __init__(self, ner_model: NERModel, max_window_tokens: int = 160, max_batch_texts: int = 16, share_prefix: bool = True,
+                 count_bias: float | None = None) -> None:
         """``share_prefix=False`` re-encodes the text for every query, as the reference
-        implementation does; it exists for comparison (benchmarks, tests)."""
+        implementation does; it exists for comparison (benchmarks, tests). ``count_bias``
+        (default: the model's ``count_bias``) favours larger counts: a count's first digit d
+        gets ``d * count_bias`` added to its log-probability."""
         self.ner_model = ner_model
+        self.count_bias = ner_model.config.count_bias if count_bias is None else count_bias
         self.share_prefix = share_prefix
         self.max_window_tokens = max_window_tokens
         self.max_batch_texts = max_batch_texts
@@ -243,7 +247,19 @@ class NEREngine:
                         first = start[w] + len(p) + end - len(query)
                         prefixes.count_branches[w, label] = (query, list(range(first, first + len(query))))
         stats.forward_passes += 1
-        return prefixes, logits.argmax(-1).tolist()
+        return prefixes, self._biased_counts(logits).argmax(-1).tolist()
+
+    def _biased_counts(self, logits: torch.Tensor) -> torch.Tensor:
+        """Count logits with ``count_bias`` added per unit of each digit token (a no-op at 0)."""
+        if not self.count_bias:
+            return logits
+        tokenizer = self.ner_model.tokenizer
+        bias = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
+        for digit in range(10):
+            token = tokenizer.convert_tokens_to_ids(str(digit))
+            if token is not None and token != tokenizer.unk_token_id:
+                bias[token] = self.count_bias * digit
+        return logits.float().log_softmax(-1) + bias
 
     def _branch(
         self,

@@ -41,6 +41,10 @@ class NERModelConfig:
     label_names: dict[str, str] = field(default_factory=dict)
     lud_placeholder: str | None = None  # set by `train-lud`: the placeholder token of lexical-unit decoding
     lud_unit_size: int | None = None
+    count_bias: float = 0.0  # added to a count's log-probability per unit of its first digit (PaDeLLM)
+    mask_token: str | None = None  # set by `train-diffusion`: the mask token of a masked-diffusion model
+    diffusion_shift: bool = False  # a diffusion model adapted from an AR LM reads token i from column i - 1
+    diffusion_causal_prompt: bool = False  # ... and keeps its prompt causal (only the answer is bidirectional)
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -127,6 +131,8 @@ class NERModel:
             # tokenizer versions disagree on a GGUF's end token: answers end with the one trained on
             log.warning("end token %r of the base tokenizer replaced by %r, as trained", tokenizer.eos_token, config.eos_token)
             tokenizer.eos_token = config.eos_token
+        if config.mask_token is not None:
+            tokenizer.mask_token = config.mask_token
         if config.lud_placeholder is not None:
             model.config.lud_placeholder_id = tokenizer.convert_tokens_to_ids(config.lud_placeholder)
         return cls(model=model, tokenizer=tokenizer, config=config, path=folder)
