@@ -174,7 +174,7 @@ def test_a_fresh_cache_gives_the_full_forward_logits(batch: dict, cache: str, sh
     positions = (key_mask.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
         full, kv, kept = sampler._full(model, ids, positions, key_mask, bidirectional_mask(key_mask, model.dtype), start + 8, start + 16)
-        cached = sampler._cached(model, ids, positions, key_mask, kv, kept, start + 8, start + 16)
+        cached = sampler._cached(model, ids, positions, key_mask, kv, kept, start + 8, start + 16, start)
         assert kv.get_seq_length() == kept.shape[1]  # cut back after the block forward
     torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4)
 

@@ -86,8 +86,7 @@ class BlockDiffusionSampler:
         ids = torch.cat([ids, torch.full((len(prompts), answer_length), mask_id, dtype=torch.long)], dim=1).to(device)
         key_mask = torch.cat([key_mask, torch.ones(len(prompts), answer_length, dtype=torch.long)], dim=1).to(device)
         positions = (key_mask.cumsum(-1) - 1).clamp(min=0)
-        self._answer_start = start_answer
-        full_mask = self._mask(key_mask, dtype).to(device)
+        full_mask = self._mask(key_mask, dtype, start_answer).to(device)
         logprobs = torch.zeros(ids.shape, dtype=torch.float32, device=device)
         out = DiffusionOutput([], [], [])
         for start, end in block_bounds(start_answer, answer_length, self.block_size):
@@ -97,7 +96,8 @@ class BlockDiffusionSampler:
                 break
             active = (~done).nonzero().squeeze(-1)  # finished rows leave the batch
             block_ids, block_logprobs = ids[active], logprobs[active]
-            step = self._block(model, block_ids, positions[active], key_mask[active], full_mask[active], block_logprobs, start, end, mask_id)
+            step = self._block(model, block_ids, positions[active], key_mask[active], full_mask[active], block_logprobs, start_answer, start, end,
+                               mask_id)
             ids[active], logprobs[active] = block_ids, block_logprobs
             out.forward_passes += step
             out.steps_per_block.append(step)
@@ -108,15 +108,15 @@ class BlockDiffusionSampler:
             out.stopped.append(cut < len(answer))
         return out
 
-    def _mask(self, key_mask: torch.Tensor, dtype: torch.dtype, query_columns: list[int] | None = None,
+    def _mask(self, key_mask: torch.Tensor, dtype: torch.dtype, answer_start: int, query_columns: list[int] | None = None,
               key_columns: list[int] | None = None) -> torch.Tensor:
         """The attention mask of queries at ``query_columns`` over keys at ``key_columns`` (default: all)."""
         if self.causal_prompt:
-            return causal_prompt_mask(key_mask, dtype, self._answer_start, query_columns, key_columns)
+            return causal_prompt_mask(key_mask, dtype, answer_start, query_columns, key_columns)
         return bidirectional_mask(key_mask, dtype, queries=None if query_columns is None else len(query_columns))
 
     def _block(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor, full_mask: torch.Tensor,
-               logprobs: torch.Tensor, start: int, end: int, mask_id: int) -> int:
+               logprobs: torch.Tensor, answer_start: int, start: int, end: int, mask_id: int) -> int:
         """Unmask columns ``[start, end)`` of every row in place; return the steps (forwards) taken."""
         initial = (ids[:, start:end] == mask_id).sum(-1)
         step, cache, cached_mask = 0, None, None
@@ -124,7 +124,7 @@ class BlockDiffusionSampler:
             if self.cache == "none" or cache is None or (self.refresh_every and step % self.refresh_every == 0):
                 hidden, cache, cached_mask = self._full(model, ids, positions, key_mask, full_mask, start, end)
             else:
-                hidden = self._cached(model, ids, positions, key_mask, cache, cached_mask, start, end)
+                hidden = self._cached(model, ids, positions, key_mask, cache, cached_mask, start, end, answer_start)
             logits = model.get_output_embeddings()(hidden).float()
             logits[..., mask_id] = -torch.inf  # a position is never "unmasked" to the mask token
             confidence, tokens = logits.softmax(-1).max(-1)
@@ -146,22 +146,25 @@ class BlockDiffusionSampler:
         if not use_cache:
             return hidden, None, None
         cache = result.past_key_values
-        if self.cache == "prefix":
-            self._cached_columns = list(range(lead))
-            keep_first(cache, lead)
-        else:
-            self._cached_columns = list(range(lead)) + list(range(end, ids.shape[1]))
-            keep_columns(cache, self._cached_columns)
-        return hidden, cache, key_mask[:, self._cached_columns]
+        columns = self._cached_columns(start, end, ids.shape[1])
+        keep_columns(cache, columns)
+        return hidden, cache, key_mask[:, columns]
+
+    def _cached_columns(self, start: int, end: int, width: int) -> list[int]:
+        """The columns a cache keeps for block ``[start, end)``: those before the columns that
+        run with the block and, with a dual cache, those after the block."""
+        lead = start - int(self.shift)
+        return list(range(lead)) + (list(range(end, width)) if self.cache == "dual" else [])
 
     def _cached(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
-                cache: DynamicCache, cached_mask: torch.Tensor, start: int, end: int) -> torch.Tensor:
+                cache: DynamicCache, cached_mask: torch.Tensor, start: int, end: int, answer_start: int) -> torch.Tensor:
         """Run the block (and, with a prefix cache, what follows it) against the cache; the
         cache is cut back to its columns afterwards."""
         lead = start - int(self.shift)
         stop = end if self.cache == "dual" else ids.shape[1]
         keys = torch.cat([cached_mask, key_mask[:, lead:stop]], dim=1)
-        mask = self._mask(keys, model.dtype, list(range(lead, stop)), self._cached_columns + list(range(lead, stop)))
+        columns = list(range(lead, stop))
+        mask = self._mask(keys, model.dtype, answer_start, columns, self._cached_columns(start, end, ids.shape[1]) + columns)
         result = model.get_decoder()(input_ids=ids[:, lead:stop], attention_mask=mask.to(ids.device),
                                      position_ids=positions[:, lead:stop], past_key_values=cache, use_cache=True)
         keep_first(cache, cached_mask.shape[1])
