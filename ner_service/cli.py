@@ -21,7 +21,8 @@ def _engine(args: argparse.Namespace):
 
     from ner_service.engine import NEREngine
 
-    return NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=args.count_bias)
+    return NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=args.count_bias,
+                          repair_duplicates=args.repair_duplicates)
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, backend_flag: str = "--backend") -> None:
@@ -35,6 +36,8 @@ def _add_engine_options(parser: argparse.ArgumentParser, backend_flag: str = "--
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--count-bias", type=float, default=None,
                         help="PaDeLLM: favour larger counts by this much log-probability per unit (default: the model's count_bias)")
+    parser.add_argument("--no-repair-duplicates", dest="repair_duplicates", action="store_false",
+                        help="PaDeLLM: keep a mention answered more often than the text holds it instead of re-asking it")
 
 
 def _labels(args: argparse.Namespace) -> list[str] | None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from general_decoding import UnknownDecoderError
-from ner_service.engine import NEREngine, UnknownLabelError
+from general_decoding import UnknownDecoderError, get_decoder
+from ner_service.engine import ExtractionStats, NEREngine, UnknownLabelError
+from ner_service.engine.engine import _Answer
+from ner_service.engine.spans import Mention
 from ner_service.engine.model_loading import ModelNotFoundError
 
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "BRUSSELS 1996-08-22", "   "]
@@ -65,3 +67,44 @@ def test_count_bias_favours_larger_counts(tiny_engine: NEREngine) -> None:
     eager = NEREngine(tiny_engine.ner_model, count_bias=3.0).extract(TEXTS[:2])  # every count becomes large
     assert eager[0].stats.generated_tokens > plain[0].stats.generated_tokens  # more mention queries were answered
     assert all(TEXTS[i][e.start:e.end] == e.text for i, r in enumerate(eager) for e in r.entities)
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_surplus_duplicate_mentions_are_re_asked_with_their_first_token_banned(tiny_engine: NEREngine, share_prefix: bool) -> None:
+    engine = NEREngine(tiny_engine.ner_model, share_prefix=share_prefix)
+    text = "Peter Blackburn met Peter Blackburn and John Smith in BRUSSELS ."
+    windows = engine._windows([text])
+    stats = ExtractionStats()
+    prefixes, _ = engine._count_step(windows, ["PER"], stats)
+    rows = [(0, "PER", 4, 1), (0, "PER", 4, 2), (0, "PER", 4, 3), (0, "PER", 4, 4)]
+    greedy = get_decoder("greedy")
+    plain, _ = engine._mention_step(prefixes, rows, [], greedy, stats)  # what each query answers unconstrained
+    first = [a.first_token for a in plain]
+
+    def answer(text: str, logprob: float, row: int) -> _Answer:
+        return _Answer(Mention("PER", text, logprob), first[row])
+
+    # "Peter Blackburn" occurs twice (both copies stay); "John Smith" once: the less probable copy is re-asked
+    answers = [answer("Peter Blackburn", -0.1, 0), answer("Peter Blackburn", -0.2, 1), answer("John Smith", -0.3, 2), answer("John Smith", -0.9, 3)]
+    kept = answers[:3]
+    engine._repair_duplicates(windows, prefixes, rows, answers, greedy, stats)
+    assert answers[:3] == kept
+    assert answers[3].first_token != first[3]  # the first token it had is banned
+    assert answers[3].mention.logprob < 0
+    # the cached and the re-encoding engine repair alike
+    other = NEREngine(tiny_engine.ner_model, share_prefix=not share_prefix)
+    other_prefixes, _ = other._count_step(windows, ["PER"], ExtractionStats())
+    again = [answer("Peter Blackburn", -0.1, 0), answer("Peter Blackburn", -0.2, 1), answer("John Smith", -0.3, 2), answer("John Smith", -0.9, 3)]
+    other._repair_duplicates(windows, other_prefixes, rows, again, greedy, ExtractionStats())
+    assert again[3].mention.text == answers[3].mention.text and again[3].first_token == answers[3].first_token
+    assert again[3].mention.logprob == pytest.approx(answers[3].mention.logprob, abs=1e-3)
+
+
+def test_a_neighbour_answered_twice_is_recovered(en_engine: NEREngine) -> None:
+    """On the shipped model, the 4th PER query of this list answers the 5th name, Russ Cochran (a dev sentence)."""
+    text = "Wood , Loren Roberts , Steve Stricker , Brian Claar , Russ Cochran"
+    plain = NEREngine(en_engine.ner_model, repair_duplicates=False).extract([text])[0]
+    (repaired,) = en_engine.extract([text])
+    assert "Brian Claar" not in [e.text for e in plain.entities]
+    assert [e.text for e in repaired.entities] == ["Wood", "Loren Roberts", "Steve Stricker", "Brian Claar", "Russ Cochran"]
+    assert repaired.stats.forward_passes > plain.stats.forward_passes

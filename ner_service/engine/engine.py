@@ -11,6 +11,8 @@ PaDeLLM, for a batch of texts:
    batch decodes the rest of each count (normally its end token) to confirm it: a longer
    count re-asks that label's mentions. A decoder that ``shares_cache`` (``one_sequence``)
    decodes a window's rows as branches of one sequence over the prefix cache instead;
+   a mention answered more often than its text holds it (a model losing its place in a
+   long list answers the k-th query with a neighbour) is re-asked with that first token banned;
 3. mentions are mapped to character offsets and a span predicted under two labels keeps
    the more probable label.
 
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import Cache, DynamicCache
@@ -37,7 +40,7 @@ from general_decoding.tree_attention import ancestor_mask, build_trie, collate_t
 from ner_service.engine import diffusion, prompts
 from ner_service.engine.chunking import chunk_spans
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
-from ner_service.engine.spans import Entity, Mention, align_mentions, resolve_label_conflicts
+from ner_service.engine.spans import Entity, Mention, align_mentions, occurrences, resolve_label_conflicts
 
 STRATEGIES = ("padellm", "ar", "fast_dllm")
 
@@ -80,6 +83,14 @@ class _Window:
     text: str
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """A mention query's answer and the first token it was decoded from (None: empty answer)."""
+
+    mention: Mention
+    first_token: int | None
+
+
 @dataclass
 class _Prefixes:
     """The windows' prefix tokens and, when shared, their KV cache: short windows share a cache
@@ -99,12 +110,14 @@ class NEREngine:
     diffusion_sampler: BlockDiffusionSampler | None = None  # decoder "fast_dllm"; None: diffusion.default_sampler()
 
     def __init__(self, ner_model: NERModel, max_window_tokens: int = 160, max_batch_texts: int = 16, share_prefix: bool = True,
-                 count_bias: float | None = None) -> None:
+                 count_bias: float | None = None, repair_duplicates: bool = True) -> None:
         """``share_prefix=False`` re-encodes the text for every query, as the reference
         implementation does; it exists for comparison (benchmarks, tests). ``count_bias``
         (default: the model's ``count_bias``) favours larger counts: a count's first digit d
-        gets ``d * count_bias`` added to its log-probability."""
+        gets ``d * count_bias`` added to its log-probability. ``repair_duplicates`` re-asks
+        a PaDeLLM mention repeated more often than the text holds it (:meth:`_repair_duplicates`)."""
         self.ner_model = ner_model
+        self.repair_duplicates = repair_duplicates
         self.count_bias = ner_model.config.count_bias if count_bias is None else count_bias
         self.share_prefix = share_prefix
         self.max_window_tokens = max_window_tokens
@@ -115,7 +128,7 @@ class NEREngine:
         self._stop_ids = frozenset({self._eos})
 
     @classmethod
-    def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str = "cpu", **options: int) -> "NEREngine":
+    def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str = "cpu", **options: Any) -> "NEREngine":
         """Load a shipped model by name (or a model folder) and wrap it in an engine."""
         return cls(NERModel.load(name_or_path, dtype=dtype, device=device), **options)
 
@@ -351,12 +364,13 @@ class NEREngine:
         generator: Decoder,
         stop: StopCriteria,
         stats: ExtractionStats,
+        banned_first: Sequence[int | None] | None = None,
     ) -> Generation:
         """:meth:`_branch` over the cached prefixes: one forward feeds every query, the queries
         that continue the same cached columns merged into a trie (a count's confirmation and
         its label's mention queries share the count and the label tokens); it yields each
-        row's first answer token. Then ``generator`` decodes the unfinished rows, each row
-        over its window's cache row and its query's trie path."""
+        row's first answer token (never ``banned_first[row]``). Then ``generator`` decodes the
+        unfinished rows, each row over its window's cache row and its query's trie path."""
         assert prefixes.cache is not None and prefixes.mask is not None
         device = self._device()
         groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}  # queries behind the same cached columns
@@ -370,7 +384,7 @@ class NEREngine:
         capacity = max(len(ids) for ids, _, _ in tries)
         node_rows = [(cache_row, [members[i] for i in packed]) for cache_row, members in by_cache_row.items()
                      for packed in pack_rows([len(tries[g][0]) for g in members], capacity)]
-        width = prefixes.mask.shape[1]
+        width = prefixes.cache.get_seq_length()  # a decoder that shares_cache may have extended it in place
         keys = list(groups)
         row_ids: list[list[int]] = []
         row_parents: list[list[int]] = []
@@ -383,7 +397,8 @@ class NEREngine:
             row_base.append([])
             for g, group_ends in zip(members, ends):
                 owner, columns = keys[g]
-                base = prefixes.mask[owner].bool().clone()
+                base = torch.zeros(width, dtype=torch.bool, device=prefixes.mask.device)
+                base[: prefixes.mask.shape[1]] = prefixes.mask[owner].bool()
                 base[list(columns)] = True
                 row_base[row] += [base] * len(tries[g][0])
                 for r, end in zip(groups[keys[g]], group_ends):
@@ -408,6 +423,9 @@ class NEREngine:
             hidden = model.get_decoder()(input_ids=input_ids.to(device), attention_mask=bias.to(device), position_ids=positions.to(device),
                                          past_key_values=cache, use_cache=True).last_hidden_state
             first_lp = torch.log_softmax(model.get_output_embeddings()(hidden[[r for r, _ in last], [c for _, c in last]]).float(), dim=-1)
+            for r, token in enumerate(banned_first or []):
+                if token is not None:
+                    first_lp[r, token] = float("-inf")
         first = first_lp.argmax(-1).tolist()
         result = Generation([[] for _ in queries], [[] for _ in queries], [0.0] * len(queries), [False] * len(queries), forward_passes=1,
                             accepted_per_pass=[len(queries)])
@@ -464,50 +482,137 @@ class NEREngine:
                 confirm.append((w, label, token))
         # The count's remaining digits (usually just the end token) are decoded in the same
         # batch as the mention queries, which assume the count is complete.
-        found, continued = self._mention_step(prefixes, counts, confirm, generator, stats)
+        rows = self._mention_rows(counts)
+        answers, continued = self._mention_step(prefixes, rows, confirm, generator, stats)
         longer = {key: int(f"{counts[key]}{digits}") for key, digits in continued.items()}
         if longer:  # rare: a count of several tokens; ask that label's mentions again
-            found = [m for m in found if (m[0], m[1].label) not in longer]
-            found.extend(self._mention_step(prefixes, longer, [], generator, stats)[0])
-        for w, mention in found:
-            mentions[w].append(mention)
+            kept = [i for i, (w, label, _, _) in enumerate(rows) if (w, label) not in longer]
+            rows, answers = [rows[i] for i in kept], [answers[i] for i in kept]
+            again = self._mention_rows(longer)
+            rows += again
+            answers += self._mention_step(prefixes, again, [], generator, stats)[0]
+        if self.repair_duplicates:
+            self._repair_duplicates(windows, prefixes, rows, answers, generator, stats)
+        for (w, _, _, _), answer in zip(rows, answers):
+            mentions[w].append(answer.mention)
+
+    @staticmethod
+    def _mention_rows(counts: dict[tuple[int, str], int]) -> list[tuple[int, str, int, int]]:
+        """One (window, label, count, k) mention query per k of each count."""
+        return [(w, label, n, k) for (w, label), n in counts.items() for k in range(1, n + 1)]
 
     def _mention_step(
         self,
         prefixes: _Prefixes,
-        counts: dict[tuple[int, str], int],
+        rows: list[tuple[int, str, int, int]],
         confirm: list[tuple[int, str, int]],
         generator: Decoder,
         stats: ExtractionStats,
-    ) -> tuple[list[tuple[int, Mention]], dict[tuple[int, str], str]]:
-        """Decode every (window, label, k) mention query, plus count continuations to confirm;
-        return the mentions and the digits that continued a count."""
-        rows = [(w, label, n, k) for (w, label), n in counts.items() for k in range(1, n + 1)]
+    ) -> tuple[list[_Answer], dict[tuple[int, str], str]]:
+        """Decode every (window, label, count, k) mention query, plus count continuations to
+        confirm; return the answers and the digits that continued a count."""
         shown = self.ner_model.config.prompt_name
-        full = [(w, label, self._tokens(prompts.mention_query(shown(label), n, k))) for w, label, n, k in rows]
-        full += [(w, label, self._tokens(prompts.count_query(shown(label))) + [token]) for w, label, token in confirm]
+        full = self._mention_queries(rows)
+        full += [(w, self._tokens(prompts.count_query(shown(label))) + [token]) for w, label, token in confirm]
         if not full:
             return [], {}
-        queries, seen = [], []
-        for w, label, query in full:
-            # a query that starts with its label's count query continues that cached branch
-            cached, columns = prefixes.count_branches.get((w, label), ([], []))
-            reuse = bool(cached) and query[: len(cached)] == cached and len(query) > len(cached)
-            queries.append(query[len(cached):] if reuse else query)
-            seen.append(columns if reuse else [])
-        owners = [w for w, _, _ in full]
+        owners, queries, seen = self._continue_count_branches(prefixes, full, [label for _, label, _, _ in rows] + [label for _, label, _ in confirm])
         out = self._branch(prefixes, owners, queries, generator, self.ner_model.config.max_mention_tokens, stats, seen)
+        answers = [self._answer(label, tokens, score) for (_, label, _, _), tokens, score in zip(rows, out.tokens, out.scores)]
         decode = self.ner_model.tokenizer.decode
-        found = [
-            (w, Mention(label, prompts.parse_mention(decode(tokens, skip_special_tokens=True)), score))
-            for (w, label, _, _), tokens, score in zip(rows, out.tokens, out.scores)
-        ]
         continued = {}
         for (w, label, _), tokens in zip(confirm, out.tokens[len(rows):]):
             digits = re.match(r"\d*", decode(tokens, skip_special_tokens=True))[0]  # type: ignore[index]
             if digits:
                 continued[w, label] = digits
-        return found, continued
+        return answers, continued
+
+    def _mention_queries(self, rows: list[tuple[int, str, int, int]]) -> list[tuple[int, list[int]]]:
+        """(window, query tokens) of each (window, label, count, k) mention query."""
+        shown = self.ner_model.config.prompt_name
+        return [(w, self._tokens(prompts.mention_query(shown(label), n, k))) for w, label, n, k in rows]
+
+    @staticmethod
+    def _continue_count_branches(
+        prefixes: _Prefixes, full: list[tuple[int, list[int]]], labels: list[str]
+    ) -> tuple[list[int], list[list[int]], list[list[int]]]:
+        """Owners, queries and cached columns of (window, query tokens) rows: a query that
+        starts with its label's cached count query continues that branch (only the rest is fed)."""
+        queries, seen = [], []
+        for (w, query), label in zip(full, labels):
+            cached, columns = prefixes.count_branches.get((w, label), ([], []))
+            reuse = bool(cached) and query[: len(cached)] == cached and len(query) > len(cached)
+            queries.append(query[len(cached):] if reuse else query)
+            seen.append(columns if reuse else [])
+        return [w for w, _ in full], queries, seen
+
+    def _answer(self, label: str, tokens: list[int], score: float) -> _Answer:
+        text = prompts.parse_mention(self.ner_model.tokenizer.decode(tokens, skip_special_tokens=True))
+        return _Answer(Mention(label, text, score), tokens[0] if tokens else None)
+
+    def _repair_duplicates(
+        self,
+        windows: list[_Window],
+        prefixes: _Prefixes,
+        rows: list[tuple[int, str, int, int]],
+        answers: list[_Answer],
+        generator: Decoder,
+        stats: ExtractionStats,
+    ) -> None:
+        """Re-ask, with its first token banned, every answer that repeats a more probable
+        answer of the same (window, label) beyond the number of times the window holds that
+        mention: such surplus copies are lost to alignment anyway, and they mostly come from
+        a model answering the k-th query of a long list with a neighbour. In place."""
+        copies: dict[tuple[int, str, str], list[int]] = {}
+        for i, ((w, label, _, _), answer) in enumerate(zip(rows, answers)):
+            if answer.mention.text:
+                copies.setdefault((w, label, answer.mention.text), []).append(i)
+        redo: list[int] = []
+        for (w, _, text), members in copies.items():
+            room = len(occurrences(windows[w].text, text))
+            if 0 < room < len(members):
+                redo += sorted(members, key=lambda i: answers[i].mention.logprob, reverse=True)[room:]
+        if not redo:
+            return
+        redo.sort()
+        full = self._mention_queries([rows[i] for i in redo])
+        owners, queries, seen = self._continue_count_branches(prefixes, full, [rows[i][1] for i in redo])
+        out = self._decode_banning_first(prefixes, owners, queries, seen, [answers[i].first_token for i in redo], generator, stats)
+        for i, tokens, score in zip(redo, out.tokens, out.scores):
+            answers[i] = self._answer(rows[i][1], tokens, score)
+
+    def _decode_banning_first(
+        self, prefixes: _Prefixes, owners: list[int], queries: list[list[int]], seen: list[list[int]],
+        banned: list[int | None], generator: Decoder, stats: ExtractionStats,
+    ) -> Generation:
+        """:meth:`_branch` with each row's first answer token other than ``banned[row]``. Over
+        cached prefixes, :meth:`_trie_branches` picks it (then ``generator`` goes on; greedy for
+        one that ``shares_cache``); without a cache, one forward picks it and :meth:`_branch` goes on."""
+        stop = StopCriteria(self.ner_model.config.max_mention_tokens, self._stop_ids)
+        if prefixes.cache is not None:
+            return self._trie_branches(prefixes, owners, queries, seen, get_decoder("greedy") if generator.shares_cache else generator,
+                                       stop, stats, banned_first=banned)
+        ids, mask = self._left_pad([prefixes.tokens[o] + q for o, q in zip(owners, queries)])
+        with torch.inference_mode():
+            logits = self.ner_model.model(input_ids=ids.to(self._device()), attention_mask=mask.to(self._device()),
+                                          position_ids=position_ids_from_mask(mask).to(self._device()), logits_to_keep=1).logits[:, -1]
+            logprobs = logits.float().log_softmax(-1)
+            for r, token in enumerate(banned):
+                if token is not None:
+                    logprobs[r, token] = float("-inf")
+        stats.forward_passes += 1
+        first = logprobs.argmax(-1).tolist()
+        out = Generation([[] for _ in queries], [[] for _ in queries], [float(logprobs[r, t]) for r, t in enumerate(first)],
+                         [t in self._stop_ids for t in first], forward_passes=1)
+        going = [r for r, token in enumerate(first) if token not in self._stop_ids]
+        if going:
+            rest = self._branch(prefixes, [owners[r] for r in going], [queries[r] + [first[r]] for r in going],
+                                generator, max(stop.max_new_tokens - 1, 1), stats, [seen[r] for r in going])
+            for r, tokens, score, stopped in zip(going, rest.tokens, rest.scores, rest.stopped):
+                out.tokens[r] = [first[r]] + tokens
+                out.scores[r] += score
+                out.stopped[r] = stopped
+        return out
 
     def _fast_dllm(
         self, windows: list[_Window], labels: list[str], generator: Decoder, mentions: list[list[Mention]], stats: ExtractionStats

@@ -33,7 +33,7 @@ def _is_word_char(char: str) -> bool:
     return char.isalnum() and not ("\u4e00" <= char <= "\u9fff")
 
 
-def _occurrences(text: str, mention: str) -> list[int]:
+def occurrences(text: str, mention: str) -> list[int]:
     """Start offsets of ``mention`` in ``text``; word-boundary matches come first."""
     starts, position = [], text.find(mention)
     while position >= 0:
@@ -65,7 +65,7 @@ def align_mentions(text: str, mentions: list[Mention]) -> tuple[list[Entity], in
             missing += 1
             continue
         used = taken.setdefault(mention.label, set())
-        free = [s for s in _occurrences(text, mention.text) if s not in used]
+        free = [s for s in occurrences(text, mention.text) if s not in used]
         after = [s for s in free if s >= cursor.get(mention.label, 0)]
         chosen = (after or free or [None])[0]
         if chosen is None:
