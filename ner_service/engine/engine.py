@@ -513,10 +513,10 @@ class NEREngine:
         confirm; return the answers and the digits that continued a count."""
         shown = self.ner_model.config.prompt_name
         full = self._mention_queries(rows)
-        full += [(w, self._tokens(prompts.count_query(shown(label))) + [token]) for w, label, token in confirm]
+        full += [(w, label, self._tokens(prompts.count_query(shown(label))) + [token]) for w, label, token in confirm]
         if not full:
             return [], {}
-        owners, queries, seen = self._continue_count_branches(prefixes, full, [label for _, label, _, _ in rows] + [label for _, label, _ in confirm])
+        owners, queries, seen = self._continue_count_branches(prefixes, full)
         out = self._branch(prefixes, owners, queries, generator, self.ner_model.config.max_mention_tokens, stats, seen)
         answers = [self._answer(label, tokens, score) for (_, label, _, _), tokens, score in zip(rows, out.tokens, out.scores)]
         decode = self.ner_model.tokenizer.decode
@@ -527,24 +527,24 @@ class NEREngine:
                 continued[w, label] = digits
         return answers, continued
 
-    def _mention_queries(self, rows: list[tuple[int, str, int, int]]) -> list[tuple[int, list[int]]]:
-        """(window, query tokens) of each (window, label, count, k) mention query."""
+    def _mention_queries(self, rows: list[tuple[int, str, int, int]]) -> list[tuple[int, str, list[int]]]:
+        """(window, label, query tokens) of each (window, label, count, k) mention query."""
         shown = self.ner_model.config.prompt_name
-        return [(w, self._tokens(prompts.mention_query(shown(label), n, k))) for w, label, n, k in rows]
+        return [(w, label, self._tokens(prompts.mention_query(shown(label), n, k))) for w, label, n, k in rows]
 
     @staticmethod
     def _continue_count_branches(
-        prefixes: _Prefixes, full: list[tuple[int, list[int]]], labels: list[str]
+        prefixes: _Prefixes, full: list[tuple[int, str, list[int]]]
     ) -> tuple[list[int], list[list[int]], list[list[int]]]:
-        """Owners, queries and cached columns of (window, query tokens) rows: a query that
+        """Owners, queries and cached columns of (window, label, query tokens) rows: a query that
         starts with its label's cached count query continues that branch (only the rest is fed)."""
         queries, seen = [], []
-        for (w, query), label in zip(full, labels):
+        for w, label, query in full:
             cached, columns = prefixes.count_branches.get((w, label), ([], []))
             reuse = bool(cached) and query[: len(cached)] == cached and len(query) > len(cached)
             queries.append(query[len(cached):] if reuse else query)
             seen.append(columns if reuse else [])
-        return [w for w, _ in full], queries, seen
+        return [w for w, _, _ in full], queries, seen
 
     def _answer(self, label: str, tokens: list[int], score: float) -> _Answer:
         text = prompts.parse_mention(self.ner_model.tokenizer.decode(tokens, skip_special_tokens=True))
@@ -576,7 +576,7 @@ class NEREngine:
             return
         redo.sort()
         full = self._mention_queries([rows[i] for i in redo])
-        owners, queries, seen = self._continue_count_branches(prefixes, full, [rows[i][1] for i in redo])
+        owners, queries, seen = self._continue_count_branches(prefixes, full)
         out = self._decode_banning_first(prefixes, owners, queries, seen, [answers[i].first_token for i in redo], generator, stats)
         for i, tokens, score in zip(redo, out.tokens, out.scores):
             answers[i] = self._answer(rows[i][1], tokens, score)
@@ -600,8 +600,9 @@ class NEREngine:
             for r, token in enumerate(banned):
                 if token is not None:
                     logprobs[r, token] = float("-inf")
-        stats.forward_passes += 1
         first = logprobs.argmax(-1).tolist()
+        stats.forward_passes += 1
+        stats.generated_tokens += sum(t not in self._stop_ids for t in first)
         out = Generation([[] for _ in queries], [[] for _ in queries], [float(logprobs[r, t]) for r, t in enumerate(first)],
                          [t in self._stop_ids for t in first], forward_passes=1)
         going = [r for r, token in enumerate(first) if token not in self._stop_ids]
