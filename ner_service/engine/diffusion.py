@@ -37,8 +37,7 @@ def extract_mentions(engine: "NEREngine", windows: list["_Window"], labels: list
                                       "decoder 'fast_dllm' needs one (train it with `padellm-ner train-diffusion`)")
     config = ner_model.config
     sampler = replace(sampler or default_sampler(), shift=config.diffusion_shift, causal_prompt=config.diffusion_causal_prompt)
-    out = sampler.sample(ner_model.model, engine._ar_prompts(windows), ner_model.config.max_ar_tokens, int(mask_id),
-                                                ner_model.eos_token_id, engine._pad)
+    out = sampler.sample(ner_model.model, engine._ar_prompts(windows), config.max_ar_tokens, int(mask_id), ner_model.eos_token_id, engine._pad)
     stats.forward_passes += out.forward_passes
     stats.generated_tokens += out.generated_tokens
     for window, (tokens, logprobs) in enumerate(zip(out.tokens, out.token_logprobs)):

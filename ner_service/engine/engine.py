@@ -126,6 +126,8 @@ class NEREngine:
         self._eos = ner_model.eos_token_id
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self._eos
         self._stop_ids = frozenset({self._eos})
+        digit_ids = {digit: tokenizer.convert_tokens_to_ids(str(digit)) for digit in range(10)}
+        self._digit_ids = {d: t for d, t in digit_ids.items() if t is not None and t != tokenizer.unk_token_id}
 
     @classmethod
     def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str = "cpu", **options: Any) -> "NEREngine":
@@ -233,9 +235,7 @@ class NEREngine:
         model = self.ner_model.model
         with torch.inference_mode():
             if not self.share_prefix:
-                ids, mask = self._left_pad([p + q for p in prefixes.tokens for q in queries])
-                logits = model(input_ids=ids.to(self._device()), attention_mask=mask.to(self._device()),
-                               position_ids=position_ids_from_mask(mask).to(self._device()), logits_to_keep=1).logits[:, -1]
+                logits = self._next_token_logits([p + q for p in prefixes.tokens for q in queries])
             else:
                 trees = [pack_branches(p, queries) for p in prefixes.tokens]
                 lengths = [len(t) for t in trees]
@@ -266,13 +266,17 @@ class NEREngine:
         """Count logits with ``count_bias`` added per unit of each digit token (a no-op at 0)."""
         if not self.count_bias:
             return logits
-        tokenizer = self.ner_model.tokenizer
         bias = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
-        for digit in range(10):
-            token = tokenizer.convert_tokens_to_ids(str(digit))
-            if token is not None and token != tokenizer.unk_token_id:
-                bias[token] = self.count_bias * digit
+        for digit, token in self._digit_ids.items():
+            bias[token] = self.count_bias * digit
         return logits.float().log_softmax(-1) + bias
+
+    def _next_token_logits(self, rows: list[list[int]]) -> torch.Tensor:
+        """The next-token logits after each row, the rows encoded from scratch (no cache)."""
+        ids, mask = self._left_pad(rows)
+        with torch.inference_mode():
+            return self.ner_model.model(input_ids=ids.to(self._device()), attention_mask=mask.to(self._device()),
+                                        position_ids=position_ids_from_mask(mask).to(self._device()), logits_to_keep=1).logits[:, -1]
 
     def _branch(
         self,
@@ -423,9 +427,7 @@ class NEREngine:
             hidden = model.get_decoder()(input_ids=input_ids.to(device), attention_mask=bias.to(device), position_ids=positions.to(device),
                                          past_key_values=cache, use_cache=True).last_hidden_state
             first_lp = torch.log_softmax(model.get_output_embeddings()(hidden[[r for r, _ in last], [c for _, c in last]]).float(), dim=-1)
-            for r, token in enumerate(banned_first or []):
-                if token is not None:
-                    first_lp[r, token] = float("-inf")
+            _ban(first_lp, banned_first or [])
         first = first_lp.argmax(-1).tolist()
         result = Generation([[] for _ in queries], [[] for _ in queries], [0.0] * len(queries), [False] * len(queries), forward_passes=1,
                             accepted_per_pass=[len(queries)])
@@ -592,14 +594,9 @@ class NEREngine:
         if prefixes.cache is not None:
             return self._trie_branches(prefixes, owners, queries, seen, get_decoder("greedy") if generator.shares_cache else generator,
                                        stop, stats, banned_first=banned)
-        ids, mask = self._left_pad([prefixes.tokens[o] + q for o, q in zip(owners, queries)])
+        logprobs = self._next_token_logits([prefixes.tokens[o] + q for o, q in zip(owners, queries)]).float().log_softmax(-1)
         with torch.inference_mode():
-            logits = self.ner_model.model(input_ids=ids.to(self._device()), attention_mask=mask.to(self._device()),
-                                          position_ids=position_ids_from_mask(mask).to(self._device()), logits_to_keep=1).logits[:, -1]
-            logprobs = logits.float().log_softmax(-1)
-            for r, token in enumerate(banned):
-                if token is not None:
-                    logprobs[r, token] = float("-inf")
+            _ban(logprobs, banned)
         first = logprobs.argmax(-1).tolist()
         stats.forward_passes += 1
         stats.generated_tokens += sum(t not in self._stop_ids for t in first)
@@ -662,3 +659,10 @@ class NEREngine:
             if pair is not None:
                 parsed.append((self.ner_model.config.label_of(pair[0]), pair[1], logprob))
         return parsed
+
+
+def _ban(logprobs: torch.Tensor, banned: Sequence[int | None]) -> None:
+    """Rule out token ``banned[row]`` (where not None) in each row of ``logprobs``, in place."""
+    for row, token in enumerate(banned):
+        if token is not None:
+            logprobs[row, token] = float("-inf")
