@@ -22,7 +22,7 @@ def _engine(args: argparse.Namespace):
     from ner_service.engine import NEREngine
 
     return NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=args.count_bias,
-                          repair_duplicates=args.repair_duplicates)
+                          repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned)
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, backend_flag: str = "--backend") -> None:
@@ -38,6 +38,8 @@ def _add_engine_options(parser: argparse.ArgumentParser, backend_flag: str = "--
                         help="PaDeLLM: favour larger counts by this much log-probability per unit (default: the model's count_bias)")
     parser.add_argument("--no-repair-duplicates", dest="repair_duplicates", action="store_false",
                         help="PaDeLLM: keep a mention answered more often than the text holds it instead of re-asking it")
+    parser.add_argument("--repair-unaligned", action=argparse.BooleanOptionalAction, default=None,
+                        help="PaDeLLM: re-ask a mention that is not in the text, restricted to the text's spans (default: the model's)")
 
 
 def _labels(args: argparse.Namespace) -> list[str] | None:

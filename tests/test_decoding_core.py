@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from general_decoding import StopCriteria, UnknownDecoderError, get_decoder
+from general_decoding.constrained import ConstrainedGreedyDecoder, TokenTrie
 from general_decoding.draft_verify import DraftLength
 from general_decoding.kv_cache import cache_bytes, select_rows
 from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, collate_trees, pack_branches, pack_rows
@@ -156,3 +157,23 @@ def test_a_decoder_whose_drafts_miss_costs_about_a_greedy_step_per_token(tiny_en
     assert jacobi.tokens == greedy.tokens
     assert jacobi.forward_passes <= greedy.forward_passes
     assert sum(w == 1 for w in widths[1:]) >= len(widths[1:]) // 2
+
+
+def test_constrained_greedy_stays_within_each_rows_trie_and_is_greedy_without_one(tiny_engine) -> None:
+    model, tokenizer, eos = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer, tiny_engine.ner_model.eos_token_id
+    ids = _ids(tiny_engine, PROMPTS[1])
+    stop = StopCriteria(24, frozenset({eos}))
+    free = get_decoder("greedy").generate(model, ids, stop)
+    # answers the model would not give unconstrained: one of them, ended by the stop token, comes out
+    answers = [tokenizer(" Peter Blackburn", add_special_tokens=False).input_ids, tokenizer(" John", add_special_tokens=False).input_ids]
+    assert free.tokens[0] not in answers
+    trie = TokenTrie(answer + [eos] for answer in answers)
+    constrained = ConstrainedGreedyDecoder([trie]).generate(model, ids, stop)
+    assert constrained.tokens[0] in answers and constrained.stopped[0]
+    answer = constrained.tokens[0] + [eos]
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.cat([ids, torch.tensor([answer[:-1]])], 1)).logits[0, -len(answer):], -1)
+    expected = sum(float(lp[t]) for lp, t in zip(logprobs, answer))
+    assert constrained.scores[0] == pytest.approx(expected, abs=1e-3)  # the model's own log-probabilities
+    assert ConstrainedGreedyDecoder([None]).generate(model, ids, stop).tokens == free.tokens
+    assert trie.follow(answers[1]) is not None and trie.follow(answers[1] + answers[1]) is None

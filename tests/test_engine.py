@@ -7,7 +7,7 @@ import torch
 
 from general_decoding import UnknownDecoderError, get_decoder
 from ner_service.engine import ExtractionStats, NEREngine, UnknownLabelError
-from ner_service.engine.engine import _Answer
+from ner_service.engine.engine import _Answer, _SpanTries
 from ner_service.engine.spans import Mention
 from ner_service.engine.model_loading import ModelNotFoundError
 
@@ -98,6 +98,32 @@ def test_surplus_duplicate_mentions_are_re_asked_with_their_first_token_banned(t
     other._repair_duplicates(windows, other_prefixes, rows, again, greedy, ExtractionStats())
     assert again[3].mention.text == answers[3].mention.text and again[3].first_token == answers[3].first_token
     assert again[3].mention.logprob == pytest.approx(answers[3].mention.logprob, abs=1e-3)
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_re_asked_mentions_restricted_to_the_texts_spans_are_spans_of_it(tiny_engine: NEREngine, share_prefix: bool) -> None:
+    engine = NEREngine(tiny_engine.ner_model, share_prefix=share_prefix)
+    text = "Peter Blackburn met John Smith in BRUSSELS ."
+    windows = engine._windows([text])
+    stats = ExtractionStats()
+    prefixes, _ = engine._count_step(windows, ["PER", "LOC"], stats)
+    rows = [(0, "PER", 2, 1), (0, "PER", 2, 2), (0, "LOC", 1, 1)]
+    greedy = get_decoder("greedy")
+    plain, _ = engine._mention_step(prefixes, rows, [], greedy, stats)
+    assert any(a.mention.text not in text for a in plain)  # the untrained model writes words of its own
+    tries = _SpanTries(engine, windows)
+    spans = engine._re_ask(prefixes, rows, [None] * 3, [tries[0]] * 3, greedy, stats)
+    assert all(a.mention.text and a.mention.text in text for a in spans)
+    units = {"Peter", "Blackburn", "met", "John", "Smith", "in", "BRUSSELS", "."}
+    assert all(set(a.mention.text.split()) <= units for a in spans)  # whole words only
+    banned = engine._re_ask(prefixes, rows, [a.first_token for a in spans], [tries[0]] * 3, greedy, stats)
+    assert all(b.first_token != a.first_token and b.mention.text in text for a, b in zip(spans, banned))
+    # the cached and the re-encoding engine agree
+    other = NEREngine(tiny_engine.ner_model, share_prefix=not share_prefix)
+    other_prefixes, _ = other._count_step(windows, ["PER", "LOC"], ExtractionStats())
+    again = other._re_ask(other_prefixes, rows, [None] * 3, [_SpanTries(other, windows)[0]] * 3, greedy, ExtractionStats())
+    assert [a.mention.text for a in again] == [a.mention.text for a in spans]
+    assert [a.mention.logprob for a in again] == pytest.approx([a.mention.logprob for a in spans], abs=1e-3)
 
 
 def test_a_neighbour_answered_twice_is_recovered(en_engine: NEREngine) -> None:
