@@ -724,11 +724,29 @@ class _SpanTries:
             text = self._windows[window].text
             units = [m.span() for m in _UNIT.finditer(text)]
             most = self._engine.ner_model.config.max_mention_tokens
-            spans = sorted({text[start:end] for i, (start, _) in enumerate(units) for _, end in units[i:i + most]})
-            tokenizer = self._engine.ner_model.tokenizer
-            answers = tokenizer([prompts.mention_answer(span) for span in spans], add_special_tokens=False).input_ids if spans else []
-            self._tries[window] = TokenTrie(answer + [self._engine.ner_model.eos_token_id] for answer in answers)
+            spans = sorted({(start, end) for i, (start, _) in enumerate(units) for _, end in units[i:i + most]})
+            eos = self._engine.ner_model.eos_token_id
+            self._tries[window] = TokenTrie(answer + [eos] for answer in self._answers(text, spans))
         return self._tries[window]
+
+    def _answers(self, text: str, spans: list[tuple[int, int]]) -> list[list[int]]:
+        """The tokens of each span's answer; sliced from one encoding of the whole text when the
+        tokenizer has one token per character (a character model), else encoded span by span."""
+        tokenizer = self._engine.ner_model.tokenizer
+        whole = prompts.mention_answer(text)
+        lead = len(whole) - len(text)
+        if _one_token_per_character(tokenizer):
+            ids = tokenizer(whole, add_special_tokens=False).input_ids
+            if len(ids) == len(whole):
+                return [ids[:lead] + ids[lead + start:lead + end] for start, end in spans]
+        return tokenizer([prompts.mention_answer(text[start:end]) for start, end in spans], add_special_tokens=False).input_ids if spans else []
+
+
+def _one_token_per_character(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` maps every character to one token whatever surrounds it: a
+    word-level vocabulary over single characters (``training.char_model``)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and type(backend.model).__name__ == "WordLevel" and len(backend.encode("a b.", add_special_tokens=False).ids) == 4
 
 
 _UNIT = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[^\W\u3400-\u9fff\uf900-\ufaff]+|[^\w\s]")
