@@ -14,6 +14,7 @@ saw (:meth:`DraftVerifyDecoder.observe`).
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -57,8 +58,10 @@ def prefill(
     cache: Cache,
     stop: StopCriteria,
     context_ids: list[list[int]] | None,
+    choose: Callable[[torch.Tensor, list[RowState], list[list[int]]], torch.Tensor] | None = None,
 ) -> list[RowState]:
-    """Run the uncached prompt into ``cache`` and emit each row's first (greedy) token."""
+    """Run the uncached prompt into ``cache`` and emit each row's first (greedy) token
+    (``choose``: a decoder's :meth:`DraftVerifyDecoder.choose`, when it is not the argmax)."""
     new_columns = attention_mask[:, -input_ids.shape[1]:].bool()
     contexts = context_ids or [[] for _ in range(input_ids.shape[0])]
     states = [RowState(list(c) + ids[keep].tolist()) for c, ids, keep in zip(contexts, input_ids.cpu(), new_columns.cpu())]
@@ -66,7 +69,7 @@ def prefill(
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
     logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-    first = logprobs.argmax(-1)
+    first = logprobs.argmax(-1) if choose is None else choose(logprobs[:, None], states, [[] for _ in states])[:, 0]
     for state, token, lp in zip(states, first.tolist(), logprobs.gather(-1, first[:, None])[:, 0].tolist()):
         state.emit(token, lp, stop)
     return states
@@ -147,6 +150,11 @@ class DraftVerifyDecoder(Decoder):
         """Hook: decoder-specific counts for :attr:`Generation.details`."""
         return {}
 
+    def choose(self, logprobs: torch.Tensor, states: list[RowState], drafts: list[list[int]]) -> torch.Tensor:
+        """The token each row emits after ``[last] + draft[:j]`` for every column j of
+        ``logprobs`` ([rows, columns, vocabulary]): the most probable one (greedy)."""
+        return logprobs.argmax(-1)
+
     def _generate(
         self,
         model: PreTrainedModel,
@@ -157,7 +165,7 @@ class DraftVerifyDecoder(Decoder):
         context_ids: list[list[int]] | None,
     ) -> Generation:
         cache = past_key_values if past_key_values is not None else DynamicCache()
-        states = prefill(model, input_ids, attention_mask, cache, stop, context_ids)
+        states = prefill(model, input_ids, attention_mask, cache, stop, context_ids, self.choose)
         self.start(states)
         lengths = DraftLength(len(states), self.max_draft, prior=self.expected_accepted)
         forwards, accepted_per_pass = 1, [len(states)]
@@ -177,7 +185,7 @@ class DraftVerifyDecoder(Decoder):
                            past_key_values=cache, use_cache=True).logits
             forwards += 1
             logprobs = torch.log_softmax(logits.float(), dim=-1)
-            predictions = logprobs.argmax(-1)
+            predictions = self.choose(logprobs, states, drafts)
             chosen = logprobs.gather(-1, predictions[..., None])[..., 0]
             kept = [0] * len(states)
             emitted_now = 0

@@ -58,6 +58,19 @@ def test_a_company_the_model_rewrites_is_recovered_within_the_texts_spans(zh_eng
     assert (13, 20, "ORG", "甘肃省畜产公司") in {(e.start, e.end, e.label, e.text) for e in repaired.entities}
 
 
+def test_constrained_copy_drafting_answers_as_constrained_greedy(zh_engine: NEREngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from general_decoding.constrained import ConstrainedGreedyDecoder
+    from ner_service.engine import engine as engine_module
+
+    texts = ["1986年至1997年，在甘肃省畜产公司工作；", "2013年4月至今任云南罗平锌电股份有限公司董事。",
+             "1964年4月出生，中国国籍，无境外居留权，美国亚利桑那州立大学凯瑞商学院工商管理硕士。"]
+    drafted = zh_engine.extract(texts)
+    monkeypatch.setattr(engine_module, "ConstrainedCopyDecoder", ConstrainedGreedyDecoder)
+    reference = zh_engine.extract(texts)
+    assert [[(e.start, e.end, e.label) for e in r.entities] for r in drafted] == [[(e.start, e.end, e.label) for e in r.entities] for r in reference]
+    assert sum(r.stats.forward_passes for r in drafted) < sum(r.stats.forward_passes for r in reference)
+
+
 def test_character_models_slice_span_answers_from_one_encoding(zh_engine: NEREngine, monkeypatch: pytest.MonkeyPatch) -> None:
     from ner_service.engine import engine as engine_module
 

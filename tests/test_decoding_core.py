@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from general_decoding import StopCriteria, UnknownDecoderError, get_decoder
-from general_decoding.constrained import ConstrainedGreedyDecoder, TokenTrie
+from general_decoding.constrained import ConstrainedCopyDecoder, ConstrainedGreedyDecoder, TokenTrie
 from general_decoding.draft_verify import DraftLength
 from general_decoding.kv_cache import cache_bytes, select_rows
 from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, collate_trees, pack_branches, pack_rows
@@ -159,7 +159,7 @@ def test_a_decoder_whose_drafts_miss_costs_about_a_greedy_step_per_token(tiny_en
     assert sum(w == 1 for w in widths[1:]) >= len(widths[1:]) // 2
 
 
-def test_constrained_greedy_stays_within_each_rows_trie_and_is_greedy_without_one(tiny_engine) -> None:
+def test_constrained_decoders_stay_within_each_rows_trie_and_are_greedy_without_one(tiny_engine) -> None:
     model, tokenizer, eos = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer, tiny_engine.ner_model.eos_token_id
     ids = _ids(tiny_engine, PROMPTS[1])
     stop = StopCriteria(24, frozenset({eos}))
@@ -176,4 +176,7 @@ def test_constrained_greedy_stays_within_each_rows_trie_and_is_greedy_without_on
     expected = sum(float(lp[t]) for lp, t in zip(logprobs, answer))
     assert constrained.scores[0] == pytest.approx(expected, abs=1e-3)  # the model's own log-probabilities
     assert ConstrainedGreedyDecoder([None]).generate(model, ids, stop).tokens == free.tokens
+    drafted = ConstrainedCopyDecoder([trie]).generate(model, ids, stop)  # the answer is in the prompt: copied
+    assert drafted.tokens == constrained.tokens and drafted.forward_passes < constrained.forward_passes
+    assert drafted.scores[0] == pytest.approx(constrained.scores[0], abs=1e-3)
     assert trie.follow(answers[1]) is not None and trie.follow(answers[1] + answers[1]) is None

@@ -35,7 +35,7 @@ from transformers import Cache, DynamicCache
 
 from general_decoding import Decoder, Generation, StopCriteria, get_decoder
 from general_decoding.base import position_ids_from_mask
-from general_decoding.constrained import ConstrainedGreedyDecoder, TokenTrie, restrict
+from general_decoding.constrained import ConstrainedCopyDecoder, TokenTrie, restrict
 from general_decoding.diffusion import BlockDiffusionSampler
 from general_decoding.kv_cache import cache_bytes, select_rows
 from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, join_tries, pack_branches, pack_rows
@@ -391,7 +391,7 @@ class NEREngine:
         its label's mention queries share the count and the label tokens); it yields each
         row's first answer token (never ``banned_first[row]``; within ``answer_tries[row]``). Then
         ``generator`` decodes the unfinished rows, each row over its window's cache row and its
-        query's trie path (a :class:`ConstrainedGreedyDecoder` when ``answer_tries`` are given)."""
+        query's trie path (a :class:`ConstrainedCopyDecoder` when ``answer_tries`` are given)."""
         assert prefixes.cache is not None and prefixes.mask is not None
         device = self._device()
         groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}  # queries behind the same cached columns
@@ -766,7 +766,7 @@ def _first_tokens(logprobs: torch.Tensor, banned: Sequence[int | None] | None, t
 
 def _continuing(tries: Sequence[TokenTrie | None] | None, first: list[int], rows: list[int], generator: Decoder) -> Decoder:
     """What decodes ``rows`` after their ``first`` tokens: ``generator`` when no row has a trie,
-    else constrained greedy, each row within its trie."""
+    else constrained greedy (drafting from the input), each row within its trie."""
     if tries is None or all(trie is None for trie in tries):
         return generator
-    return ConstrainedGreedyDecoder([trie.children.get(first[r]) if (trie := tries[r]) is not None else None for r in rows])
+    return ConstrainedCopyDecoder([trie.children.get(first[r]) if (trie := tries[r]) is not None else None for r in rows])
