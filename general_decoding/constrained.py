@@ -33,7 +33,14 @@ class TokenTrie:
         """Insert one token sequence."""
         node = self
         for token in tokens:
-            node = node.children.setdefault(token, TokenTrie())
+            node = node.child(token)
+
+    def child(self, token: int) -> "TokenTrie":
+        """The node after ``token``, created if missing."""
+        node = self.children.get(token)
+        if node is None:
+            node = self.children[token] = TokenTrie()
+        return node
 
     def follow(self, tokens: Sequence[int]) -> "TokenTrie | None":
         """The node after ``tokens``, or None when they leave the trie."""

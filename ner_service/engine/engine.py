@@ -721,25 +721,34 @@ class _SpanTries:
 
     def __getitem__(self, window: int) -> TokenTrie:
         if window not in self._tries:
-            text = self._windows[window].text
-            units = [m.span() for m in _UNIT.finditer(text)]
-            most = self._engine.ner_model.config.max_mention_tokens
-            spans = sorted({(start, end) for i, (start, _) in enumerate(units) for _, end in units[i:i + most]})
-            eos = self._engine.ner_model.eos_token_id
-            self._tries[window] = TokenTrie(answer + [eos] for answer in self._answers(text, spans))
+            self._tries[window] = self._build(self._windows[window].text)
         return self._tries[window]
 
-    def _answers(self, text: str, spans: list[tuple[int, int]]) -> list[list[int]]:
-        """The tokens of each span's answer; sliced from one encoding of the whole text when the
-        tokenizer has one token per character (a character model), else encoded span by span."""
+    def _build(self, text: str) -> TokenTrie:
+        units = [m.span() for m in _UNIT.finditer(text)]
+        most = self._engine.ner_model.config.max_mention_tokens
+        eos = self._engine.ner_model.eos_token_id
         tokenizer = self._engine.ner_model.tokenizer
         whole = prompts.mention_answer(text)
         lead = len(whole) - len(text)
         if _one_token_per_character(tokenizer):
             ids = tokenizer(whole, add_special_tokens=False).input_ids
-            if len(ids) == len(whole):
-                return [ids[:lead] + ids[lead + start:lead + end] for start, end in spans]
-        return tokenizer([prompts.mention_answer(text[start:end]) for start, end in spans], add_special_tokens=False).input_ids if spans else []
+            if len(ids) == len(whole):  # every span's answer is a slice of the whole: one path per start
+                trie = TokenTrie()
+                for i, (start, _) in enumerate(units):
+                    node = trie
+                    for token in ids[:lead]:
+                        node = node.child(token)
+                    at = lead + start
+                    for _, end in units[i:i + most]:
+                        for token in ids[at:lead + end]:
+                            node = node.child(token)
+                        at = lead + end
+                        node.child(eos)
+                return trie
+        spans = sorted({text[start:end] for i, (start, _) in enumerate(units) for _, end in units[i:i + most]})
+        answers = tokenizer([prompts.mention_answer(span) for span in spans], add_special_tokens=False).input_ids if spans else []
+        return TokenTrie(answer + [eos] for answer in answers)
 
 
 def _one_token_per_character(tokenizer: Any) -> bool:
