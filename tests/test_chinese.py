@@ -72,21 +72,23 @@ def test_constrained_copy_drafting_answers_as_constrained_greedy(zh_engine: NERE
 
 
 def test_character_models_slice_span_answers_from_one_encoding(zh_engine: NEREngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ner_service.engine import engine as engine_module
+    from ner_service.engine import span_tries
 
-    windows = zh_engine._windows([RESUME_TEXT, "张三，1990年毕业于北京大学。"])
-    assert engine_module._one_token_per_character(zh_engine.ner_model.tokenizer)
-    sliced = engine_module._SpanTries(zh_engine, windows)
-    monkeypatch.setattr(engine_module, "_one_token_per_character", lambda tokenizer: False)
-    encoded = engine_module._SpanTries(zh_engine, windows)
+    tokenizer, eos = zh_engine.ner_model.tokenizer, zh_engine.ner_model.eos_token_id
+    texts = [RESUME_TEXT, "张三，1990年毕业于北京大学。"]
+    assert span_tries.one_token_per_character(tokenizer)
+    sliced = span_tries.SpanTries(tokenizer, texts, eos, 48)
+    monkeypatch.setattr(span_tries, "one_token_per_character", lambda tokenizer: False)
+    encoded = span_tries.SpanTries(tokenizer, texts, eos, 48)
 
     def answers(node, path=()):
         yield from ([path] if not node.children else [])
         for token, child in node.children.items():
             yield from answers(child, path + (token,))
 
-    for w in range(len(windows)):
-        assert set(answers(sliced[w])) == set(answers(encoded[w]))
+    for i in range(len(texts)):
+        assert set(answers(sliced[i])) == set(answers(encoded[i]))
+        assert tokenizer(" 北京大学", add_special_tokens=False).input_ids + [eos] in [list(a) for a in answers(sliced[1])]
 
 
 def test_unknown_label_lists_the_chinese_models_labels(zh_engine: NEREngine) -> None:

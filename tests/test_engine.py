@@ -7,7 +7,8 @@ import torch
 
 from general_decoding import UnknownDecoderError, get_decoder
 from ner_service.engine import ExtractionStats, NEREngine, UnknownLabelError
-from ner_service.engine.engine import _Answer, _SpanTries
+from ner_service.engine.engine import _Answer
+from ner_service.engine.span_tries import SpanTries
 from ner_service.engine.spans import Mention
 from ner_service.engine.model_loading import ModelNotFoundError
 
@@ -111,7 +112,7 @@ def test_re_asked_mentions_restricted_to_the_texts_spans_are_spans_of_it(tiny_en
     greedy = get_decoder("greedy")
     plain, _ = engine._mention_step(prefixes, rows, [], greedy, stats)
     assert any(a.mention.text not in text for a in plain)  # the untrained model writes words of its own
-    tries = _SpanTries(engine, windows)
+    tries = SpanTries(engine.ner_model.tokenizer, [text], engine.ner_model.eos_token_id, 24)
     spans = engine._re_ask(prefixes, rows, [None] * 3, [tries[0]] * 3, greedy, stats)
     assert all(a.mention.text and a.mention.text in text for a in spans)
     units = {"Peter", "Blackburn", "met", "John", "Smith", "in", "BRUSSELS", "."}
@@ -121,7 +122,7 @@ def test_re_asked_mentions_restricted_to_the_texts_spans_are_spans_of_it(tiny_en
     # the cached and the re-encoding engine agree
     other = NEREngine(tiny_engine.ner_model, share_prefix=not share_prefix)
     other_prefixes, _ = other._count_step(windows, ["PER", "LOC"], ExtractionStats())
-    again = other._re_ask(other_prefixes, rows, [None] * 3, [_SpanTries(other, windows)[0]] * 3, greedy, ExtractionStats())
+    again = other._re_ask(other_prefixes, rows, [None] * 3, [SpanTries(other.ner_model.tokenizer, [text], other.ner_model.eos_token_id, 24)[0]] * 3, greedy, ExtractionStats())
     assert [a.mention.text for a in again] == [a.mention.text for a in spans]
     assert [a.mention.logprob for a in again] == pytest.approx([a.mention.logprob for a in spans], abs=1e-3)
 

@@ -1,0 +1,60 @@
+"""The answers a mention query may give when it must copy the text: every span of whole units,
+as a token trie per text (for constrained decoding, :mod:`general_decoding.constrained`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+from general_decoding.constrained import TokenTrie
+from ner_service.engine import prompts
+
+#: A unit: one CJK character, a run of other word characters, or one punctuation mark.
+UNIT = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[^\W\u3400-\u9fff\uf900-\ufaff]+|[^\w\s]")
+
+
+class SpanTries:
+    """Per text, built on first use: the token trie of every answer that is a span of the text
+    (:func:`prompts.mention_answer` of it, then the end token ``eos``). A span runs over whole
+    units and at most ``max_units`` of them."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], eos: int, max_units: int) -> None:
+        self.tokenizer, self.texts, self.eos, self.max_units = tokenizer, list(texts), eos, max_units
+        self._tries: dict[int, TokenTrie] = {}
+
+    def __getitem__(self, index: int) -> TokenTrie:
+        if index not in self._tries:
+            self._tries[index] = self._build(self.texts[index])
+        return self._tries[index]
+
+    def _build(self, text: str) -> TokenTrie:
+        units = [m.span() for m in UNIT.finditer(text)]
+        whole = prompts.mention_answer(text)
+        lead = len(whole) - len(text)
+        if one_token_per_character(self.tokenizer):
+            ids = self.tokenizer(whole, add_special_tokens=False).input_ids
+            if len(ids) == len(whole):  # every span's answer is a slice of the whole: one path per start
+                trie = TokenTrie()
+                for i, (start, _) in enumerate(units):
+                    node = trie
+                    for token in ids[:lead]:
+                        node = node.child(token)
+                    at = lead + start
+                    for _, end in units[i:i + self.max_units]:
+                        for token in ids[at:lead + end]:
+                            node = node.child(token)
+                        at = lead + end
+                        node.child(self.eos)
+                return trie
+        spans = sorted({text[start:end] for i, (start, _) in enumerate(units) for _, end in units[i:i + self.max_units]})
+        answers = self.tokenizer([prompts.mention_answer(span) for span in spans], add_special_tokens=False).input_ids if spans else []
+        return TokenTrie(answer + [self.eos] for answer in answers)
+
+
+def one_token_per_character(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether ``tokenizer`` maps every character to one token whatever surrounds it: a
+    word-level vocabulary over single characters (``training.char_model``)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and type(backend.model).__name__ == "WordLevel" and len(backend.encode("a b.", add_special_tokens=False).ids) == 4
