@@ -75,7 +75,7 @@ class ConstrainedGreedyDecoder(GreedyDecoder):
     def __init__(self, tries: Sequence[TokenTrie | None]) -> None:
         self.tries = list(tries)
 
-    def _choose(self, step_logprobs: torch.Tensor, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
+    def choose(self, step_logprobs: torch.Tensor, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
         _check_rows(self.tries, max(rows, default=-1) + 1)
         nodes = [trie.follow(tokens[row]) if (trie := self.tries[row]) is not None else None for row in rows]
         masked = step_logprobs.clone()

@@ -46,7 +46,7 @@ class GreedyDecoder(Decoder):
             )
             forwards += 1
             step_logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-            next_ids = self._choose(step_logprobs, rows, tokens)
+            next_ids = self.choose(step_logprobs, rows, tokens)
             next_lp = step_logprobs.gather(-1, next_ids[:, None])[:, 0]
             is_stop = torch.isin(next_ids, stop_ids).tolist()
             done = []
@@ -71,7 +71,7 @@ class GreedyDecoder(Decoder):
             positions = positions[:, -1:] + 1
         return Generation(tokens, logprobs, scores, stopped, forwards, accepted)
 
-    def _choose(self, step_logprobs: torch.Tensor, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
+    def choose(self, step_logprobs: torch.Tensor, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
         """The next token of each row still decoding (``rows[i]`` is row i's index in the batch,
         ``tokens`` what every row emitted so far): the most probable one."""
         return step_logprobs.argmax(-1)

@@ -70,16 +70,22 @@ def test_count_bias_favours_larger_counts(tiny_engine: NEREngine) -> None:
     assert all(TEXTS[i][e.start:e.end] == e.text for i, r in enumerate(eager) for e in r.entities)
 
 
+def _asked(model: NEREngine, share_prefix: bool, text: str, labels: list[str], rows: list[tuple[int, str, int, int]]):
+    """An engine without the unaligned repair, the text's windows and cached count step, and
+    what each mention query of ``rows`` answers unconstrained."""
+    engine = NEREngine(model.ner_model, share_prefix=share_prefix, repair_unaligned=False)
+    windows = engine._windows([text])
+    prefixes, _ = engine._count_step(windows, labels, ExtractionStats())
+    plain, _ = engine._mention_step(prefixes, rows, [], get_decoder("greedy"), ExtractionStats())
+    return engine, windows, prefixes, plain
+
+
 @pytest.mark.parametrize("share_prefix", [True, False])
 def test_surplus_duplicate_mentions_are_re_asked_with_their_first_token_banned(tiny_engine: NEREngine, share_prefix: bool) -> None:
-    engine = NEREngine(tiny_engine.ner_model, share_prefix=share_prefix)
     text = "Peter Blackburn met Peter Blackburn and John Smith in BRUSSELS ."
-    windows = engine._windows([text])
-    stats = ExtractionStats()
-    prefixes, _ = engine._count_step(windows, ["PER"], stats)
     rows = [(0, "PER", 4, 1), (0, "PER", 4, 2), (0, "PER", 4, 3), (0, "PER", 4, 4)]
-    greedy = get_decoder("greedy")
-    plain, _ = engine._mention_step(prefixes, rows, [], greedy, stats)  # what each query answers unconstrained
+    engine, windows, prefixes, plain = _asked(tiny_engine, share_prefix, text, ["PER"], rows)
+    greedy, stats = get_decoder("greedy"), ExtractionStats()
     first = [a.first_token for a in plain]
 
     def answer(text: str, logprob: float, row: int) -> _Answer:
@@ -88,41 +94,35 @@ def test_surplus_duplicate_mentions_are_re_asked_with_their_first_token_banned(t
     # "Peter Blackburn" occurs twice (both copies stay); "John Smith" once: the less probable copy is re-asked
     answers = [answer("Peter Blackburn", -0.1, 0), answer("Peter Blackburn", -0.2, 1), answer("John Smith", -0.3, 2), answer("John Smith", -0.9, 3)]
     kept = answers[:3]
-    engine._repair_duplicates(windows, prefixes, rows, answers, greedy, stats)
+    engine._repair(windows, prefixes, rows, answers, greedy, stats)
     assert answers[:3] == kept
     assert answers[3].first_token != first[3]  # the first token it had is banned
     assert answers[3].mention.logprob < 0
     # the cached and the re-encoding engine repair alike
-    other = NEREngine(tiny_engine.ner_model, share_prefix=not share_prefix)
-    other_prefixes, _ = other._count_step(windows, ["PER"], ExtractionStats())
+    other, _, other_prefixes, _ = _asked(tiny_engine, not share_prefix, text, ["PER"], rows)
     again = [answer("Peter Blackburn", -0.1, 0), answer("Peter Blackburn", -0.2, 1), answer("John Smith", -0.3, 2), answer("John Smith", -0.9, 3)]
-    other._repair_duplicates(windows, other_prefixes, rows, again, greedy, ExtractionStats())
+    other._repair(windows, other_prefixes, rows, again, greedy, ExtractionStats())
     assert again[3].mention.text == answers[3].mention.text and again[3].first_token == answers[3].first_token
     assert again[3].mention.logprob == pytest.approx(answers[3].mention.logprob, abs=1e-3)
 
 
 @pytest.mark.parametrize("share_prefix", [True, False])
 def test_re_asked_mentions_restricted_to_the_texts_spans_are_spans_of_it(tiny_engine: NEREngine, share_prefix: bool) -> None:
-    engine = NEREngine(tiny_engine.ner_model, share_prefix=share_prefix)
     text = "Peter Blackburn met John Smith in BRUSSELS ."
-    windows = engine._windows([text])
-    stats = ExtractionStats()
-    prefixes, _ = engine._count_step(windows, ["PER", "LOC"], stats)
     rows = [(0, "PER", 2, 1), (0, "PER", 2, 2), (0, "LOC", 1, 1)]
-    greedy = get_decoder("greedy")
-    plain, _ = engine._mention_step(prefixes, rows, [], greedy, stats)
+    engine, _, prefixes, plain = _asked(tiny_engine, share_prefix, text, ["PER", "LOC"], rows)
+    greedy, stats = get_decoder("greedy"), ExtractionStats()
     assert any(a.mention.text not in text for a in plain)  # the untrained model writes words of its own
     tries = SpanTries(engine.ner_model.tokenizer, [text], engine.ner_model.eos_token_id, 24)
-    spans = engine._re_ask(prefixes, rows, [None] * 3, [tries[0]] * 3, greedy, stats)
+    spans = engine._re_ask(prefixes, rows, [0, 1, 2], greedy, stats, tries=tries)
     assert all(a.mention.text and a.mention.text in text for a in spans)
     units = {"Peter", "Blackburn", "met", "John", "Smith", "in", "BRUSSELS", "."}
     assert all(set(a.mention.text.split()) <= units for a in spans)  # whole words only
-    banned = engine._re_ask(prefixes, rows, [a.first_token for a in spans], [tries[0]] * 3, greedy, stats)
+    banned = engine._re_ask(prefixes, rows, [0, 1, 2], greedy, stats, [a.first_token for a in spans], tries)
     assert all(b.first_token != a.first_token and b.mention.text in text for a, b in zip(spans, banned))
     # the cached and the re-encoding engine agree
-    other = NEREngine(tiny_engine.ner_model, share_prefix=not share_prefix)
-    other_prefixes, _ = other._count_step(windows, ["PER", "LOC"], ExtractionStats())
-    again = other._re_ask(other_prefixes, rows, [None] * 3, [SpanTries(other.ner_model.tokenizer, [text], other.ner_model.eos_token_id, 24)[0]] * 3, greedy, ExtractionStats())
+    other, _, other_prefixes, _ = _asked(tiny_engine, not share_prefix, text, ["PER", "LOC"], rows)
+    again = other._re_ask(other_prefixes, rows, [0, 1, 2], greedy, ExtractionStats(), tries=tries)
     assert [a.mention.text for a in again] == [a.mention.text for a in spans]
     assert [a.mention.logprob for a in again] == pytest.approx([a.mention.logprob for a in spans], abs=1e-3)
 

@@ -129,9 +129,9 @@ class NEREngine:
         implementation does; it exists for comparison (benchmarks, tests). ``count_bias``
         (default: the model's ``count_bias``) favours larger counts: a count's first digit d
         gets ``d * count_bias`` added to its log-probability. ``repair_duplicates`` re-asks
-        a PaDeLLM mention repeated more often than the text holds it (:meth:`_repair_duplicates`);
-        ``repair_unaligned`` (default: the model's) re-asks one that is not in the text at all,
-        its answer restricted to spans of the text (:meth:`_repair_unaligned`)."""
+        a PaDeLLM mention repeated more often than the text holds it; ``repair_unaligned``
+        (default: the model's) re-asks one that is not in the text at all, its answer restricted
+        to spans of the text (:meth:`_repair`)."""
         self.ner_model = ner_model
         self.repair_duplicates = repair_duplicates
         self.repair_unaligned = ner_model.config.repair_unaligned if repair_unaligned is None else repair_unaligned
@@ -512,12 +512,7 @@ class NEREngine:
             again = self._mention_rows(longer)
             rows += again
             answers += self._mention_step(prefixes, again, [], generator, stats)[0]
-        tries = SpanTries(self.ner_model.tokenizer, [w.text for w in windows], self._eos, self.ner_model.config.max_mention_tokens) \
-            if self.repair_unaligned else None
-        if tries is not None:
-            self._repair_unaligned(windows, prefixes, rows, answers, generator, stats, tries)
-        if self.repair_duplicates:
-            self._repair_duplicates(windows, prefixes, rows, answers, generator, stats, tries)
+        self._repair(windows, prefixes, rows, answers, generator, stats)
         for (w, _, _, _), answer in zip(rows, answers):
             mentions[w].append(answer.mention)
 
@@ -575,7 +570,7 @@ class NEREngine:
         text = prompts.parse_mention(self.ner_model.tokenizer.decode(tokens, skip_special_tokens=True))
         return _Answer(Mention(label, text, score), tokens[0] if tokens else None, len(tokens) + 1)
 
-    def _repair_unaligned(
+    def _repair(
         self,
         windows: list[_Window],
         prefixes: _Prefixes,
@@ -583,72 +578,53 @@ class NEREngine:
         answers: list[_Answer],
         generator: Decoder,
         stats: ExtractionStats,
-        tries: SpanTries,
     ) -> None:
-        """Re-ask every mention query whose answer is not in its window (or is empty although
-        the count promised a mention), its answer restricted to spans of the window: such an
-        answer is lost to alignment anyway, and a weak model (zh-resume) writes a mention of its
-        own rather than copying one far more often than a strong one. The new answer is kept
-        when its log-probability per token reaches ``UNALIGNED_MIN_MEAN_LOGPROB``. In place."""
-        redo = [i for i, ((w, _, _, _), answer) in enumerate(zip(rows, answers))
-                if not answer.mention.text or not occurrences(windows[w].text, answer.mention.text)]
-        if not redo:
-            return
-        again = self._re_ask(prefixes, [rows[i] for i in redo], [None] * len(redo), [tries[rows[i][0]] for i in redo], generator, stats)
-        for i, answer in zip(redo, again):
-            if answer.mean_logprob >= UNALIGNED_MIN_MEAN_LOGPROB:
-                answers[i] = answer
+        """Re-ask the mention queries whose answers alignment would lose, in place:
 
-    def _repair_duplicates(
-        self,
-        windows: list[_Window],
-        prefixes: _Prefixes,
-        rows: list[tuple[int, str, int, int]],
-        answers: list[_Answer],
-        generator: Decoder,
-        stats: ExtractionStats,
-        tries: SpanTries | None = None,
-    ) -> None:
-        """Re-ask, with its first token banned, every answer that repeats a more probable
-        answer of the same (window, label) beyond the number of times the window holds that
-        mention: such surplus copies are lost to alignment anyway, and they mostly come from
-        a model answering the k-th query of a long list with a neighbour. With ``tries`` the new
-        answer is restricted to spans of the window too. In place."""
-        copies: dict[tuple[int, str, str], list[int]] = {}
-        for i, ((w, label, _, _), answer) in enumerate(zip(rows, answers)):
-            if answer.mention.text:
-                copies.setdefault((w, label, answer.mention.text), []).append(i)
-        redo: list[int] = []
-        for (w, _, text), members in copies.items():
-            room = len(occurrences(windows[w].text, text))
-            if 0 < room < len(members):
-                redo += sorted(members, key=lambda i: answers[i].mention.logprob, reverse=True)[room:]
-        if redo:
-            redo.sort()
-            again = self._re_ask(prefixes, [rows[i] for i in redo], [answers[i].first_token for i in redo],
-                                 [tries[rows[i][0]] if tries is not None else None for i in redo], generator, stats)
-            for i, answer in zip(redo, again):
+        * with ``repair_unaligned``, an answer not in its window (or empty although the count
+          promised a mention), restricted to spans of the window; the new answer is kept when
+          its log-probability per token reaches ``UNALIGNED_MIN_MEAN_LOGPROB``. A weak model
+          (zh-resume) writes a mention of its own rather than copying one far more often than
+          a strong one;
+        * with ``repair_duplicates``, a surplus copy (:func:`_surplus_copies`) with its first
+          token banned (and within the window's spans with ``repair_unaligned``). Such copies
+          mostly come from a model answering the k-th query of a long list with a neighbour."""
+        tries = SpanTries(self.ner_model.tokenizer, [w.text for w in windows], self._eos, self.ner_model.config.max_mention_tokens) \
+            if self.repair_unaligned else None
+        if tries is not None:
+            redo = _unaligned(windows, rows, answers)
+            for i, answer in zip(redo, self._re_ask(prefixes, rows, redo, generator, stats, tries=tries)):
+                if answer.mean_logprob >= UNALIGNED_MIN_MEAN_LOGPROB:
+                    answers[i] = answer
+        if self.repair_duplicates:
+            redo = _surplus_copies(windows, rows, answers)
+            banned = [answers[i].first_token for i in redo]
+            for i, answer in zip(redo, self._re_ask(prefixes, rows, redo, generator, stats, banned, tries)):
                 answers[i] = answer
 
     def _re_ask(
-        self, prefixes: _Prefixes, rows: list[tuple[int, str, int, int]], banned: list[int | None],
-        tries: list[TokenTrie | None], generator: Decoder, stats: ExtractionStats,
+        self, prefixes: _Prefixes, rows: list[tuple[int, str, int, int]], redo: list[int], generator: Decoder,
+        stats: ExtractionStats, banned: list[int | None] | None = None, tries: SpanTries | None = None,
     ) -> list[_Answer]:
-        """Answer the mention queries ``rows`` again, each row's first answer token never
-        ``banned[row]`` and its answer within ``tries[row]`` (None: free).
+        """Answer the mention queries ``rows[i]`` (i in ``redo``) again, the j-th one's first
+        answer token never ``banned[j]`` and, with ``tries``, its answer a span of its window.
 
         Over cached prefixes, :meth:`_trie_branches` picks the first token (then ``generator``
         goes on; greedy for one that ``shares_cache``); without a cache, one forward picks it
         and :meth:`_branch` goes on. With a trie, constrained greedy decodes the rest."""
+        if not redo:
+            return []
+        rows = [rows[i] for i in redo]
+        answer_tries = [tries[w] for w, _, _, _ in rows] if tries is not None else None
         owners, queries, seen = self._continue_count_branches(prefixes, self._mention_queries(rows))
         stop = StopCriteria(self.ner_model.config.max_mention_tokens, self._stop_ids)
         if prefixes.cache is not None:
             out = self._trie_branches(prefixes, owners, queries, seen, get_decoder("greedy") if generator.shares_cache else generator,
-                                      stop, stats, banned_first=banned, answer_tries=tries)
+                                      stop, stats, banned_first=banned, answer_tries=answer_tries)
         else:
             with torch.inference_mode():
                 logprobs = self._next_token_logits([prefixes.tokens[o] + q for o, q in zip(owners, queries)]).float().log_softmax(-1)
-                first = _first_tokens(logprobs, banned, tries)
+                first = _first_tokens(logprobs, banned, answer_tries)
             stats.forward_passes += 1
             stats.generated_tokens += sum(t not in self._stop_ids for t in first)
             out = Generation([[] for _ in queries], [[] for _ in queries], [float(logprobs[r, t]) for r, t in enumerate(first)],
@@ -656,7 +632,7 @@ class NEREngine:
             going = [r for r, token in enumerate(first) if token not in self._stop_ids]
             if going:
                 rest = self._branch(prefixes, [owners[r] for r in going], [queries[r] + [first[r]] for r in going],
-                                    _continuing(tries, first, going, generator), max(stop.max_new_tokens - 1, 1), stats, [seen[r] for r in going])
+                                    _continuing(answer_tries, first, going, generator), max(stop.max_new_tokens - 1, 1), stats, [seen[r] for r in going])
                 for r, tokens, score, stopped in zip(going, rest.tokens, rest.scores, rest.stopped):
                     out.tokens[r] = [first[r]] + tokens
                     out.scores[r] += score
@@ -710,6 +686,27 @@ class NEREngine:
             if pair is not None:
                 parsed.append((self.ner_model.config.label_of(pair[0]), pair[1], logprob))
         return parsed
+
+
+def _unaligned(windows: list[_Window], rows: list[tuple[int, str, int, int]], answers: list[_Answer]) -> list[int]:
+    """The answers that are empty or not in their window."""
+    return [i for i, ((w, _, _, _), answer) in enumerate(zip(rows, answers))
+            if not answer.mention.text or not occurrences(windows[w].text, answer.mention.text)]
+
+
+def _surplus_copies(windows: list[_Window], rows: list[tuple[int, str, int, int]], answers: list[_Answer]) -> list[int]:
+    """The answers that repeat a more probable answer of the same (window, label) beyond the
+    number of times the window holds that mention (in order)."""
+    copies: dict[tuple[int, str, str], list[int]] = {}
+    for i, ((w, label, _, _), answer) in enumerate(zip(rows, answers)):
+        if answer.mention.text:
+            copies.setdefault((w, label, answer.mention.text), []).append(i)
+    surplus: list[int] = []
+    for (w, _, text), members in copies.items():
+        room = len(occurrences(windows[w].text, text))
+        if 0 < room < len(members):
+            surplus += sorted(members, key=lambda i: answers[i].mention.logprob, reverse=True)[room:]
+    return sorted(surplus)
 
 
 def _first_tokens(logprobs: torch.Tensor, banned: Sequence[int | None] | None, tries: Sequence[TokenTrie | None] | None) -> list[int]:

@@ -22,6 +22,7 @@ class SpanTries:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], eos: int, max_units: int) -> None:
         self.tokenizer, self.texts, self.eos, self.max_units = tokenizer, list(texts), eos, max_units
+        self._by_character = one_token_per_character(tokenizer)
         self._tries: dict[int, TokenTrie] = {}
 
     def __getitem__(self, index: int) -> TokenTrie:
@@ -33,7 +34,7 @@ class SpanTries:
         units = [m.span() for m in UNIT.finditer(text)]
         whole = prompts.mention_answer(text)
         lead = len(whole) - len(text)
-        if one_token_per_character(self.tokenizer):
+        if self._by_character:
             ids = self.tokenizer(whole, add_special_tokens=False).input_ids
             if len(ids) == len(whole):  # every span's answer is a slice of the whole: one path per start
                 trie = TokenTrie()
