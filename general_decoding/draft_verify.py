@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import Cache, DynamicCache, PreTrainedModel
+from transformers import Cache, PreTrainedModel
 
 from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
-from general_decoding.kv_cache import keep_first
+from general_decoding.kv_cache import ReservedCache, keep_first
 
 
 @dataclass
@@ -164,7 +164,7 @@ class DraftVerifyDecoder(Decoder):
         stop: StopCriteria,
         context_ids: list[list[int]] | None,
     ) -> Generation:
-        cache = past_key_values if past_key_values is not None else DynamicCache()
+        cache = past_key_values if past_key_values is not None else ReservedCache()
         states = prefill(model, input_ids, attention_mask, cache, stop, context_ids, self.choose)
         self.start(states)
         lengths = DraftLength(len(states), self.max_draft, prior=self.expected_accepted)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from transformers import Cache, DynamicCache, PreTrainedModel
+from transformers import Cache, PreTrainedModel
 
 from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
-from general_decoding.kv_cache import keep_rows
+from general_decoding.kv_cache import ReservedCache, keep_rows
 from general_decoding.registry import register_decoder
 
 
@@ -24,7 +24,7 @@ class GreedyDecoder(Decoder):
         context_ids: list[list[int]] | None,
     ) -> Generation:
         batch = input_ids.shape[0]
-        cache = past_key_values if past_key_values is not None else DynamicCache()
+        cache = past_key_values if past_key_values is not None else ReservedCache()
         positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1]:]
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers import Cache, DynamicCache, PreTrainedModel
+from transformers import Cache, PreTrainedModel
 
 from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
 from general_decoding.draft_verify import prefill
-from general_decoding.kv_cache import keep_first
+from general_decoding.kv_cache import ReservedCache, keep_first
 from general_decoding.registry import register_decoder
 
 #: Attribute of ``model.config`` holding the placeholder token id of a LUD-trained model.
@@ -66,7 +66,7 @@ class LexicalUnitDecoder(Decoder):
         placeholder = self.placeholder_id if self.placeholder_id is not None else placeholder_id_of(model)
         placeholders = self.unit_size - 1
         device = input_ids.device
-        cache = past_key_values if past_key_values is not None else DynamicCache()
+        cache = past_key_values if past_key_values is not None else ReservedCache()
         states = prefill(model, input_ids, attention_mask, cache, stop, context_ids)
         pending = [[s.tokens[-1]] if not s.done else [] for s in states]  # emitted, not yet cached
         forwards, accepted_per_pass = 1, [len(states)]

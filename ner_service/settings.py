@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     ner_request_timeout_s: float = 60.0
     ner_microbatch: bool = True
     ner_batch_wait_ms: float = 20.0  # long enough for the clients of the batch just answered to send their next request
+    ner_batch_wait_fraction: float = 0.05  # ... or this fraction of the previous engine call, when longer (a loaded machine)
+    ner_batch_wait_max_ms: float = 250.0  # ... but never longer than this
     ner_batch_max_texts: int = 16
     ner_queue_max: int = 256
     # pipeline

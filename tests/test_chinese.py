@@ -8,7 +8,10 @@ import pytest
 
 from ner_service.engine import NEREngine, NERModelConfig, UnknownLabelError, default_model_for_language, shipped_model_names
 from ner_service.engine.model_loading import ModelNotFoundError
-from training.char_model import CHINESE_LABEL_NAMES, build_char_tokenizer, prompt_strings
+import torch
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+from training.char_model import CHINESE_LABEL_NAMES, build_char_tokenizer, char_llama_config, extend_char_vocabulary, prompt_strings
 from training.data import read_conll
 from training.examples import query_answer_pairs
 
@@ -30,6 +33,28 @@ def test_char_tokenizer_is_one_token_per_character_and_round_trips() -> None:
         assert len(ids) == len(text)
         assert tokenizer.decode(ids) == text
     assert tokenizer.convert_ids_to_tokens(tokenizer("李四", add_special_tokens=False).input_ids) == ["<unk>", "<unk>"]
+
+
+def test_a_char_model_extended_to_new_characters_keeps_what_it_knew(tmp_path: Path) -> None:
+    tokenizer = build_char_tokenizer(["张三毕业于北京大学。"])
+    model = LlamaForCausalLM(char_llama_config(len(tokenizer), tokenizer.eos_token_id, layers=1, hidden=64))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    known = "张三毕业于北京"
+    with torch.inference_mode():
+        before = model(input_ids=torch.tensor([tokenizer(known).input_ids])).logits
+    assert extend_char_vocabulary(tmp_path, ["李四在微博说：北京好"]) == 8  # 李 四 在 微 博 说 ： 好
+    assert extend_char_vocabulary(tmp_path, ["北京"]) == 0
+    extended = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    grown = LlamaForCausalLM.from_pretrained(tmp_path)
+    assert len(extended) == len(tokenizer) + 8 == grown.get_input_embeddings().weight.shape[0]
+    assert extended(known).input_ids == tokenizer(known).input_ids  # old ids unchanged
+    new = extended("李四说北京好").input_ids
+    assert extended.unk_token_id not in new and extended.decode(new) == "李四说北京好"
+    with torch.inference_mode():  # the old characters read as before; the new rows only add vocabulary
+        after = grown(input_ids=torch.tensor([extended(known).input_ids])).logits
+        torch.testing.assert_close(after[..., : len(tokenizer)], before)
+        assert grown(input_ids=torch.tensor([new])).logits.isfinite().all()
 
 
 def test_shipped_zh_tokenizer_round_trips_a_resume_sentence(zh_engine: NEREngine) -> None:

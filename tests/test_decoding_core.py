@@ -9,7 +9,9 @@ import torch
 from general_decoding import StopCriteria, UnknownDecoderError, get_decoder
 from general_decoding.constrained import ConstrainedCopyDecoder, ConstrainedGreedyDecoder, TokenTrie
 from general_decoding.draft_verify import DraftLength
-from general_decoding.kv_cache import cache_bytes, select_rows
+from transformers import DynamicCache
+
+from general_decoding.kv_cache import RESERVED_COLUMNS, cache_bytes, keep_first, keep_rows, select_rows
 from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, collate_trees, pack_branches, pack_rows
 
 PROMPTS = ["Text: EU rejects German call to boycott British lamb .\nAll entities:", "Text: Peter Blackburn\nPER count:", "Text: a\n"]
@@ -75,8 +77,44 @@ def test_selecting_cache_rows_copies_the_shared_prefix(tiny_engine) -> None:
     with torch.inference_mode():
         cache = model(input_ids=_ids(tiny_engine, PROMPTS[0]), use_cache=True).past_key_values
     branched = select_rows(cache, [0, 0, 0])
-    assert cache_bytes(branched) == 3 * cache_bytes(cache)
+    length = cache.get_seq_length()
+    assert branched.get_seq_length() == length
+    assert cache_bytes(branched) == 3 * cache_bytes(cache) * (length + RESERVED_COLUMNS) // length  # room to decode into
     assert torch.equal(branched.layers[0].keys[2], cache.layers[0].keys[0])
+
+
+def test_a_reserved_cache_decodes_in_place_as_a_dynamic_cache_does(tiny_engine) -> None:
+    model = tiny_engine.ner_model.model
+    with torch.inference_mode():
+        cache = model(input_ids=_ids(tiny_engine, PROMPTS[0]), use_cache=True).past_key_values
+        length = cache.get_seq_length()
+        reserved = select_rows(cache, [0, 0])
+        dynamic = DynamicCache(ddp_cache_data=[(layer.keys[[0, 0]], layer.values[[0, 0]]) for layer in cache.layers])
+        buffer = reserved.layers[0]._keys.buffer.data_ptr()
+
+        def step(width: int, seed: int) -> None:
+            ids = torch.randint(5, 100, (2, width), generator=torch.Generator().manual_seed(seed))
+            past = dynamic.get_seq_length()
+            positions = torch.arange(past, past + width)[None].expand(2, -1)
+            mask = torch.ones(2, past + width, dtype=torch.long)
+            outs = [model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=c, use_cache=True).logits
+                    for c in (reserved, dynamic)]
+            torch.testing.assert_close(outs[0], outs[1])
+            for ours, theirs in zip(reserved.layers, dynamic.layers):
+                assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+
+        for seed in range(3):  # one token per step: written into the reserved room, no copy
+            step(1, seed)
+        assert reserved.layers[0]._keys.buffer.data_ptr() == buffer
+        for c in (reserved, dynamic):  # roll back a rejected draft, then decode over it
+            keep_first(c, length + 1)
+        step(2, 3)
+        assert reserved.layers[0]._keys.buffer.data_ptr() == buffer
+        step(RESERVED_COLUMNS + 4, 4)  # more than the room: the buffer grows
+        assert reserved.layers[0]._keys.buffer.data_ptr() != buffer
+        for c in (reserved, dynamic):  # a finished row leaves
+            keep_rows(c, torch.tensor([1, 0]))
+        step(1, 5)
 
 
 def test_trees_packed_in_one_row_see_nothing_of_each_other() -> None:

@@ -48,7 +48,28 @@ def prompt_strings(names: list[str]) -> list[str]:
 def build_char_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     """A tokenizer with one token per character of ``texts``; other characters become ``<unk>``."""
     characters = sorted({char for text in texts for char in text})
-    vocab = {EOS: 0, UNK: 1} | {char: i + 2 for i, char in enumerate(characters)}
+    return _char_tokenizer({EOS: 0, UNK: 1} | {char: i + 2 for i, char in enumerate(characters)})
+
+
+def extend_char_vocabulary(folder: Path, texts: list[str]) -> int:
+    """Give the char model in ``folder`` a token for every character of ``texts`` it lacks:
+    new ids after the known ones, each with a new embedding row drawn around the mean of the
+    known rows (``mean_resizing``: a new character starts as an average one). Saves the model in
+    float32 and the tokenizer back to ``folder``; returns how many characters were added."""
+    vocab = PreTrainedTokenizerFast.from_pretrained(folder).get_vocab()
+    missing = sorted({char for text in texts for char in text} - set(vocab))
+    if not missing:
+        return 0
+    extended = vocab | {char: len(vocab) + i for i, char in enumerate(missing)}
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.resize_token_embeddings(len(extended), mean_resizing=True)
+    model.save_pretrained(folder)
+    _char_tokenizer(extended).save_pretrained(folder)
+    return len(missing)
+
+
+def _char_tokenizer(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
+    """One token per character of ``vocab`` (ids as given), unknown ones ``<unk>``."""
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
@@ -83,7 +104,8 @@ def train_char_model(
     init: str | None = None,
 ) -> dict:
     """Build the character tokenizer and a random small Llama (or continue the char model in
-    folder ``init``), train it in full, save it in bf16."""
+    folder ``init``, its vocabulary extended to the new texts' characters), train it in full,
+    save it in bf16."""
     torch.manual_seed(seed)
     examples = read_corpus(train_path)
     labels = labels_of(examples)
@@ -96,6 +118,8 @@ def train_char_model(
         tokenizer.save_pretrained(start)
     else:
         shutil.copytree(init, start, dirs_exist_ok=True)
+        added = extend_char_vocabulary(start, [e.text for e in examples] + prompt_strings(names))
+        print(f"{init}: {added} new characters added to the vocabulary")
     summary = train(TrainConfig(
         base=str(start), train=train_path, dev=dev, output=output, name=name, labels=labels, label_names=label_names,
         language=language, full=True, lr=lr, warmup_steps=30, epochs=epochs, max_steps=max_steps, max_minutes=max_minutes, batch_tokens=batch_tokens,

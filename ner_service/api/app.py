@@ -59,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     batcher = MicroBatcher(
         run, metrics, enabled=settings.ner_microbatch, wait_ms=settings.ner_batch_wait_ms,
+        wait_fraction=settings.ner_batch_wait_fraction, wait_max_ms=settings.ner_batch_wait_max_ms,
         max_texts=settings.ner_batch_max_texts, queue_max=settings.ner_queue_max,
     )
     state = ApiState(settings, registry, batcher, metrics, Guard(ApiKeys(settings.ner_api_keys), RateLimiter(settings.ner_rate_limit_per_minute)))

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import httpx
 from fastapi import FastAPI
 
+from ner_service.api.core.batching import BatchKey, MicroBatcher
+from ner_service.api.core.metrics import Metrics
 from ner_service.api.state import ApiState
+from ner_service.engine import Extraction
 
 TEXT = "EU rejects German call to boycott British lamb ."
 
@@ -75,3 +79,38 @@ def test_a_request_past_its_timeout_is_504(app_factory: Callable[..., FastAPI]) 
     app = app_factory(ner_request_timeout_s=0.0)
     [response] = asyncio.run(_concurrently(app, [{"text": TEXT}]))
     assert response.status_code == 504 and "NER_REQUEST_TIMEOUT_S" in response.json()["detail"]
+
+
+def _batches_of_spread_requests(wait_fraction: float) -> list[int]:
+    """Batch sizes when one request runs alone for 0.4 s and three more then arrive 50 ms apart.
+
+    The runner stands in for the engine: what is under test is when the batcher closes a batch."""
+    batches: list[int] = []
+
+    def run(key: BatchKey, texts: list[str]) -> list[Extraction]:
+        batches.append(len(texts))
+        time.sleep(0.4 if len(batches) == 1 else 0.0)
+        return [Extraction(text, []) for text in texts]
+
+    async def scenario() -> None:
+        batcher = MicroBatcher(run, Metrics(), enabled=True, wait_ms=10, wait_fraction=wait_fraction, wait_max_ms=1000,
+                               max_texts=8, queue_max=64)
+        batcher.start()
+        key = BatchKey("m", None, "padellm", "greedy")
+        await batcher.submit(key, ["first"])
+
+        async def later(delay: float, text: str) -> list[Extraction]:
+            await asyncio.sleep(delay)
+            return await batcher.submit(key, [text])
+
+        answers = await asyncio.gather(*(later(0.05 * i, str(i)) for i in range(3)))
+        assert [a[0].text for a in answers] == ["0", "1", "2"]
+        await batcher.stop()
+
+    asyncio.run(scenario())
+    return batches
+
+
+def test_the_gathering_window_stretches_to_a_fraction_of_the_last_engine_call() -> None:
+    assert _batches_of_spread_requests(wait_fraction=0.0) == [1, 1, 1, 1]  # 10 ms: each arrival alone
+    assert _batches_of_spread_requests(wait_fraction=0.5) == [1, 3]  # 0.2 s after a 0.4 s call: one batch

@@ -2,12 +2,19 @@
 
 Requests are grouped by identical :class:`BatchKey` (model, labels, decoder, backend). All engine work,
 model loading included, runs in ONE dedicated worker thread (the engine is not thread-safe), off the event loop.
+
+The gathering window opens with the first queued request and closes when the batch is full or
+after ``wait_ms``, stretched to ``wait_fraction`` of the previous engine call (at most
+``wait_max_ms``): when a batch takes seconds, its clients' next requests may take longer than
+``wait_ms`` to come back (a loaded machine), and a batch cut short costs more per text than
+the wait. A full batch never waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,11 +56,15 @@ Runner = Callable[[BatchKey, list[str]], list[Extraction]]
 class MicroBatcher:
     """Queue requests and feed them to ``run`` in the engine thread, batched when ``enabled``."""
 
-    def __init__(self, run: Runner, metrics: Metrics, *, enabled: bool, wait_ms: float, max_texts: int, queue_max: int) -> None:
+    def __init__(self, run: Runner, metrics: Metrics, *, enabled: bool, wait_ms: float, max_texts: int, queue_max: int,
+                 wait_fraction: float = 0.0, wait_max_ms: float = 0.0) -> None:
         self._run = run
         self._metrics = metrics
         self.enabled = enabled
         self._wait_s = wait_ms / 1000
+        self._wait_fraction = wait_fraction
+        self._wait_max_s = max(wait_max_ms, wait_ms) / 1000
+        self._last_run_s = 0.0
         self._max_texts = max_texts
         self._queue_max = queue_max
         self._pending_texts = 0
@@ -97,10 +108,14 @@ class MicroBatcher:
             for key, group in groups.items():
                 await self._process(key, group)
 
+    def gather_window_s(self) -> float:
+        """How long the next batch may wait for more requests (module docstring)."""
+        return min(max(self._wait_s, self._wait_fraction * self._last_run_s), self._wait_max_s)
+
     async def _gather_more(self, jobs: list[_Job]) -> None:
-        """Add queued jobs to ``jobs`` for up to the wait, or until the first key has ``max_texts`` texts."""
+        """Add queued jobs to ``jobs`` for up to the gathering window, or until the first key has ``max_texts`` texts."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._wait_s
+        deadline = loop.time() + self.gather_window_s()
         first = jobs[0].key
         texts = len(jobs[0].texts)
         while texts < self._max_texts:
@@ -123,7 +138,9 @@ class MicroBatcher:
         texts = [text for job in live for text in job.texts]
         try:
             if live:
+                began = time.perf_counter()
                 results = await self.in_engine_thread(self._run, key, texts)
+                self._last_run_s = time.perf_counter() - began
                 self._metrics.observe_batch(len(texts), results)
                 at = 0
                 for job in live:
