@@ -38,8 +38,9 @@ class _Columns:
         else:
             self.buffer, self.length = tensor, tensor.shape[-2]
 
-    def reserve(self, rows: int, heads: int, head_dim: int, columns: int, like: torch.Tensor) -> torch.Tensor:
-        """A fresh buffer with room for ``columns`` more than needed; returns the slice to fill."""
+    def reserve(self, rows: int, like: torch.Tensor) -> torch.Tensor:
+        """A fresh buffer of ``rows`` rows of ``like``'s columns plus spare ones; returns the part to fill."""
+        heads, columns, head_dim = like.shape[1:]
         self.buffer = like.new_empty(rows, heads, columns + RESERVED_COLUMNS, head_dim)
         self.length = columns
         return self.buffer[..., :columns, :]
@@ -90,12 +91,12 @@ class ReservedLayer(DynamicLayer):
         self._values.assign(tensor)
 
     @classmethod
-    def gathered(cls, source: torch.Tensor, values: torch.Tensor, rows: torch.Tensor) -> "ReservedLayer":
-        """A layer holding rows ``rows`` of ``source`` keys and ``values``, copied once into reserved room."""
+    def gathered(cls, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor) -> "ReservedLayer":
+        """A layer holding rows ``rows`` of ``keys`` and ``values``, copied once into reserved room."""
         layer = cls()
-        for columns, tensor in ((layer._keys, source), (layer._values, values)):
-            torch.index_select(tensor, 0, rows, out=columns.reserve(len(rows), tensor.shape[1], tensor.shape[3], tensor.shape[2], tensor))
-        layer.dtype, layer.device, layer.is_initialized = source.dtype, source.device, True
+        for columns, tensor in ((layer._keys, keys), (layer._values, values)):
+            torch.index_select(tensor, 0, rows, out=columns.reserve(len(rows), tensor))
+        layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
         return layer
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ def cmd_train_char(args: argparse.Namespace) -> int:
         epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr, batch_tokens=args.batch_tokens,
         eval_limit=args.eval_limit, seed=args.seed, init=args.init,
     )
-    print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second", "history")}, indent=2))
+    print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second", "characters_added", "history")}, indent=2))
     return 0
 
 

@@ -105,13 +105,14 @@ def train_char_model(
 ) -> dict:
     """Build the character tokenizer and a random small Llama (or continue the char model in
     folder ``init``, its vocabulary extended to the new texts' characters), train it in full,
-    save it in bf16."""
+    save it in bf16. Returns the trainer's summary and ``characters_added``."""
     torch.manual_seed(seed)
     examples = read_corpus(train_path)
     labels = labels_of(examples)
     label_names = {label: CHINESE_LABEL_NAMES[label] for label in labels} if chinese_labels else {}
     names = [label_names.get(label, label) for label in labels]
     start = Path(output) / "init"
+    added = 0
     if init is None:
         tokenizer = build_char_tokenizer([e.text for e in examples] + prompt_strings(names))
         LlamaForCausalLM(char_llama_config(len(tokenizer), tokenizer.eos_token_id)).save_pretrained(start)
@@ -119,7 +120,6 @@ def train_char_model(
     else:
         shutil.copytree(init, start, dirs_exist_ok=True)
         added = extend_char_vocabulary(start, [e.text for e in examples] + prompt_strings(names))
-        print(f"{init}: {added} new characters added to the vocabulary")
     summary = train(TrainConfig(
         base=str(start), train=train_path, dev=dev, output=output, name=name, labels=labels, label_names=label_names,
         language=language, full=True, lr=lr, warmup_steps=30, epochs=epochs, max_steps=max_steps, max_minutes=max_minutes, batch_tokens=batch_tokens,
@@ -132,5 +132,5 @@ def train_char_model(
     ner_config = NERModelConfig.read(Path(output))
     ner_config.max_mention_tokens, ner_config.max_ar_tokens = MAX_MENTION_CHARS, MAX_AR_CHARS
     ner_config.write(Path(output))
-    return summary
+    return summary | {"characters_added": added}
 
