@@ -73,6 +73,13 @@ def test_zh_model_by_name_finds_resume_entities_at_exact_character_offsets(zh_en
     assert (2, 4, "ORG") in found and len(found) >= 2 and found <= RESUME_GOLD, sorted(found)
 
 
+def test_weibo_model_by_name_finds_a_nominal_and_a_named_person() -> None:
+    """Weibo dev: 富二代 ("rich second generation", PER.NOM) and the name 陈雨 (PER.NAM), at their offsets."""
+    text = "俩个富二代。。。什么时候都饿的人陈雨奇葩的世界"
+    (result,) = NEREngine.load("zh-weibo").extract([text])
+    assert {(e.start, e.end, e.label) for e in result.entities} == {(2, 5, "PER.NOM"), (16, 18, "PER.NAM")}
+
+
 def test_a_company_the_model_rewrites_is_recovered_within_the_texts_spans(zh_engine: NEREngine) -> None:
     """Resume dev: asked for the ORG, the model writes a name of its own; re-asked within the
     text's spans, it answers the company of the sentence."""
@@ -122,7 +129,7 @@ def test_unknown_label_lists_the_chinese_models_labels(zh_engine: NEREngine) -> 
 
 
 def test_zh_models_are_listed_and_chosen_by_language() -> None:
-    assert {"en-conll03", "zh-resume"} <= set(shipped_model_names())
+    assert {"en-conll03", "zh-resume", "zh-weibo"} <= set(shipped_model_names())
     assert default_model_for_language("zh") == "zh-resume"
     assert default_model_for_language("zh-CN") == "zh-resume"
     assert default_model_for_language("en") == "en-conll03"
