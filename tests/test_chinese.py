@@ -1,16 +1,15 @@
-"""Chinese NER: the character tokenizer, the shipped zh models, label display names, Weibo tokens."""
+"""Chinese NER: the character tokenizer and its extension, the shipped zh models, label display names, Weibo tokens."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from ner_service.engine import NEREngine, NERModelConfig, UnknownLabelError, default_model_for_language, shipped_model_names
-from ner_service.engine.model_loading import ModelNotFoundError
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
+from ner_service.engine import NEREngine, NERModelConfig, UnknownLabelError, default_model_for_language, shipped_model_names
+from ner_service.engine.model_loading import ModelNotFoundError
 from training.char_model import CHINESE_LABEL_NAMES, build_char_tokenizer, char_llama_config, extend_char_vocabulary, prompt_strings
 from training.data import read_conll
 from training.examples import query_answer_pairs

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from general_decoding import StopCriteria, UnknownDecoderError, get_decoder
 from general_decoding.constrained import ConstrainedCopyDecoder, ConstrainedGreedyDecoder, TokenTrie
 from general_decoding.draft_verify import DraftLength
-from transformers import DynamicCache
-
 from general_decoding.kv_cache import RESERVED_COLUMNS, cache_bytes, keep_first, keep_rows, select_rows
 from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, collate_trees, pack_branches, pack_rows
 
@@ -112,7 +111,7 @@ def test_a_reserved_cache_decodes_in_place_as_a_dynamic_cache_does(tiny_engine) 
         assert reserved.layers[0]._keys.buffer.data_ptr() == buffer
         step(RESERVED_COLUMNS + 4, 4)  # more than the room: the buffer grows
         assert reserved.layers[0]._keys.buffer.data_ptr() != buffer
-        for c in (reserved, dynamic):  # a finished row leaves
+        for c in (reserved, dynamic):  # rows selected (reordered here), as when finished rows leave
             keep_rows(c, torch.tensor([1, 0]))
         step(1, 5)
 

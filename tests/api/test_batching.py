@@ -82,14 +82,14 @@ def test_a_request_past_its_timeout_is_504(app_factory: Callable[..., FastAPI]) 
 
 
 def _batches_of_spread_requests(wait_fraction: float) -> list[int]:
-    """Batch sizes when one request runs alone for 0.4 s and three more then arrive 50 ms apart.
+    """Batch sizes when one request runs alone for 1 s and three more then arrive 100 ms apart.
 
     The runner stands in for the engine: what is under test is when the batcher closes a batch."""
     batches: list[int] = []
 
     def run(key: BatchKey, texts: list[str]) -> list[Extraction]:
         batches.append(len(texts))
-        time.sleep(0.4 if len(batches) == 1 else 0.0)
+        time.sleep(1.0 if len(batches) == 1 else 0.0)
         return [Extraction(text, []) for text in texts]
 
     async def scenario() -> None:
@@ -103,7 +103,7 @@ def _batches_of_spread_requests(wait_fraction: float) -> list[int]:
             await asyncio.sleep(delay)
             return await batcher.submit(key, [text])
 
-        answers = await asyncio.gather(*(later(0.05 * i, str(i)) for i in range(3)))
+        answers = await asyncio.gather(*(later(0.1 * i, str(i)) for i in range(3)))
         assert [a[0].text for a in answers] == ["0", "1", "2"]
         await batcher.stop()
 
@@ -113,4 +113,4 @@ def _batches_of_spread_requests(wait_fraction: float) -> list[int]:
 
 def test_the_gathering_window_stretches_to_a_fraction_of_the_last_engine_call() -> None:
     assert _batches_of_spread_requests(wait_fraction=0.0) == [1, 1, 1, 1]  # 10 ms: each arrival alone
-    assert _batches_of_spread_requests(wait_fraction=0.5) == [1, 3]  # 0.2 s after a 0.4 s call: one batch
+    assert _batches_of_spread_requests(wait_fraction=0.5) == [1, 3]  # 0.5 s after a 1 s call: one batch
