@@ -61,6 +61,11 @@ def restrict(logprobs: torch.Tensor, allowed: Sequence[Iterable[int] | None]) ->
             logprobs[row, keep] = kept
 
 
+def _node(trie: TokenTrie | None, tokens: Sequence[int]) -> TokenTrie | None:
+    """Where ``tokens`` lead in ``trie`` (None: no trie, or they left it)."""
+    return trie.follow(tokens) if trie is not None else None
+
+
 def _check_rows(tries: Sequence[TokenTrie | None], rows: int) -> None:
     if len(tries) < rows:
         raise ValueError(f"{len(tries)} tries for a batch of {rows} rows")
@@ -77,7 +82,7 @@ class ConstrainedGreedyDecoder(GreedyDecoder):
 
     def choose(self, step_logprobs: torch.Tensor, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
         _check_rows(self.tries, max(rows, default=-1) + 1)
-        nodes = [trie.follow(tokens[row]) if (trie := self.tries[row]) is not None else None for row in rows]
+        nodes = [_node(self.tries[row], tokens[row]) for row in rows]
         masked = step_logprobs.clone()
         restrict(masked, [node.children if node is not None else None for node in nodes])
         return masked.argmax(-1)
@@ -98,7 +103,7 @@ class ConstrainedCopyDecoder(DraftVerifyDecoder):
     def propose(self, row: int, state: RowState, budget: int) -> list[int]:
         end = longest_suffix_match(state.history, state.context[:-1], self.max_n)
         draft = [] if end is None else state.context[end:end + budget]
-        node = self.tries[row].follow(state.tokens) if self.tries[row] is not None else None
+        node = _node(self.tries[row], state.tokens)
         if node is None:
             return draft
         kept = []
@@ -113,7 +118,7 @@ class ConstrainedCopyDecoder(DraftVerifyDecoder):
         _check_rows(self.tries, len(states))
         masked = logprobs.clone()
         for row, (state, draft) in enumerate(zip(states, drafts)):
-            node = self.tries[row].follow(state.tokens) if self.tries[row] is not None and not state.done else None
+            node = None if state.done else _node(self.tries[row], state.tokens)
             for column in range(min(len(draft) + 1, logprobs.shape[1])):
                 if node is None:
                     break

@@ -65,30 +65,31 @@ class _Columns:
         return 0 if self.buffer is None else self.buffer.numel() * self.buffer.element_size()
 
 
+class _UsedColumns:
+    """The used columns of a layer's ``_keys`` or ``_values`` (:class:`_Columns`) as a plain
+    tensor attribute: reading gives them, assigning a tensor holds it (:meth:`_Columns.assign`)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.store = f"_{name}"
+
+    def __get__(self, layer: object, owner: type | None = None) -> "torch.Tensor | None | _UsedColumns":
+        return self if layer is None else getattr(layer, self.store).view()
+
+    def __set__(self, layer: object, tensor: torch.Tensor | None) -> None:
+        getattr(layer, self.store).assign(tensor)
+
+
 class ReservedLayer(DynamicLayer):
     """A ``DynamicLayer`` whose :meth:`update` writes the new columns into reserved room
     instead of concatenating. ``keys`` and ``values`` are the used columns; assigning them
     (a crop, a gather) works as on a ``DynamicLayer``."""
 
+    keys = _UsedColumns()
+    values = _UsedColumns()
+
     def __init__(self) -> None:
         self._keys, self._values = _Columns(), _Columns()
         super().__init__()
-
-    @property  # type: ignore[override]
-    def keys(self) -> torch.Tensor | None:
-        return self._keys.view()
-
-    @keys.setter
-    def keys(self, tensor: torch.Tensor | None) -> None:
-        self._keys.assign(tensor)
-
-    @property  # type: ignore[override]
-    def values(self) -> torch.Tensor | None:
-        return self._values.view()
-
-    @values.setter
-    def values(self, tensor: torch.Tensor | None) -> None:
-        self._values.assign(tensor)
 
     @classmethod
     def gathered(cls, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor) -> "ReservedLayer":
