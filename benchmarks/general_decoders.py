@@ -1,12 +1,14 @@
 """The lossless decoders of ``general_decoding`` against greedy decoding, in one run.
 
-Three tasks on CoNLL-03 dev sentences: (a) ``ar_ner``, the shipped model's AR query;
+Four tasks on CoNLL-03 dev sentences: (a) ``ar_ner``, the shipped model's AR query;
 (b) ``mention``, a PaDeLLM mention query; (c) ``continuation``, free continuation of the
-sentence by the SmolLM2 base. Per decoder and task: wall-clock speed-up over greedy (same
-prompts, interleaved), tokens per forward, forward passes, and whether every output is
-identical to greedy's.
+sentence by the SmolLM2 base; (d) ``engine``, the whole PaDeLLM engine with the decoder as
+its backend (identical: the same entities). Per decoder and task: wall-clock speed-up over
+greedy (same prompts, interleaved), tokens per forward, forward passes, and whether every
+output is identical to greedy's. ``--batch-size B`` decodes B sentences' queries as one
+left-padded batch (and B texts per engine call); a decoder of one row at a time is left out.
 
-Usage: python benchmarks/general_decoders.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
+Usage: python benchmarks/general_decoders.py [--limit N] [--batch-size B] [--json PATH] [--model NAME] [--data FILE]
 """
 
 from __future__ import annotations
@@ -43,8 +45,21 @@ def queries(engine: NEREngine, text: str, mentions: dict[str, int]) -> dict[str,
     }
 
 
+def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows as one left-padded batch and its attention mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def spans(extractions: list) -> list[list[tuple[int, int, str]]]:
+    return [[(e.start, e.end, e.label) for e in x.entities] for x in extractions]
+
+
 def main() -> None:
     parser = benchmark_parser(__doc__, "general_decoders", limit=50)
+    parser.add_argument("--batch-size", type=int, default=1, help="sentences decoded as one batch (default %(default)s)")
     args = parser.parse_args()
 
     engine = NEREngine.load(args.model)
@@ -54,27 +69,43 @@ def main() -> None:
     limits = {"ar": engine.ner_model.config.max_ar_tokens, "mention": engine.ner_model.config.max_mention_tokens,
               "continuation": CONTINUATION_TOKENS}
     decoders = {name: get_decoder(name) for name in DECODERS}
-    seconds = {(d, q): 0.0 for d in DECODERS for q in limits}
-    forwards = {(d, q): 0 for d in DECODERS for q in limits}
-    emitted = {(d, q): 0 for d in DECODERS for q in limits}
-    identical = {(d, q): True for d in DECODERS for q in limits}
-    for example in tqdm(examples, desc="sentences", unit="text"):
-        rows = queries(engine, example.text, {lab: len(example.mentions(lab)) for lab in engine.labels})
-        for kind, row in rows.items():
+    decoders = {name: d for name, d in decoders.items() if args.batch_size == 1 or d.supports_batch}
+    kinds = [*limits, "engine"]
+    seconds = {(d, q): 0.0 for d in decoders for q in kinds}
+    forwards = {(d, q): 0 for d in decoders for q in kinds}
+    emitted = {(d, q): 0 for d in decoders for q in kinds}
+    identical = {(d, q): True for d in decoders for q in kinds}
+    batches = [examples[i:i + args.batch_size] for i in range(0, len(examples), args.batch_size)]
+    warm = queries(engine, examples[0].text, {})
+    for name, decoder in decoders.items():  # untimed: first calls pay for allocations, not decoding
+        decoder.generate(models["mention"], torch.tensor([warm["mention"]]), StopCriteria(limits["mention"], frozenset({engine.ner_model.eos_token_id})))
+        engine.extract([examples[0].text], backend=name)
+    for batch in tqdm(batches, desc=f"batches of {args.batch_size}", unit="batch"):
+        rows = [queries(engine, e.text, {lab: len(e.mentions(lab)) for lab in engine.labels}) for e in batch]
+        for kind in limits:
             stop = StopCriteria(limits[kind], frozenset({engine.ner_model.eos_token_id}))
-            model = models[kind]
+            ids, mask = left_padded([r[kind] for r in rows], engine.ner_model.eos_token_id)
             reference = None
             for name, decoder in decoders.items():  # interleaved: noise hits every decoder alike
                 began = time.perf_counter()
-                out = decoder.generate(model, torch.tensor([row]), stop)
+                out = decoder.generate(models[kind], ids, stop, attention_mask=mask)
                 seconds[name, kind] += time.perf_counter() - began
                 forwards[name, kind] += out.forward_passes
                 emitted[name, kind] += sum(len(t) + s for t, s in zip(out.tokens, out.stopped))
                 reference = reference or out.tokens
                 identical[name, kind] &= out.tokens == reference
+        expected = None
+        for name in decoders:
+            began = time.perf_counter()
+            found = engine.extract([e.text for e in batch], backend=name)
+            seconds[name, "engine"] += time.perf_counter() - began
+            forwards[name, "engine"] += found[0].stats.forward_passes
+            emitted[name, "engine"] += found[0].stats.generated_tokens
+            expected = expected or spans(found)
+            identical[name, "engine"] &= spans(found) == expected
     results = []
-    for kind in limits:
-        for name in DECODERS:
+    for kind in kinds:
+        for name in decoders:
             results.append({
                 "task": {"ar": "ar_ner"}.get(kind, kind), "decoder": name,
                 "speedup": seconds["greedy", kind] / seconds[name, kind],
@@ -83,14 +114,16 @@ def main() -> None:
                 "ms_per_query": 1000 * seconds[name, kind] / len(examples),
                 "identical_to_greedy": identical[name, kind],
             })
-    print(f"\n{args.model} (tasks a, b) and its base (task c) on {len(examples)} sentences, batch 1, float32, {torch.get_num_threads()} threads")
+    print(f"\n{args.model} (tasks a, b, d) and its base (task c) on {len(examples)} sentences, batch {args.batch_size}, float32, "
+          f"{torch.get_num_threads()} threads")
     print_table(results, ["task", "decoder", "speedup", "tokens_per_forward", "forward_passes", "ms_per_query", "identical_to_greedy"])
-    path = write_json(args.json, {"benchmark": "decoders", "model": args.model, "n_sentences": len(examples), "results": results})
+    path = write_json(args.json, {"benchmark": "decoders", "model": args.model, "n_sentences": len(examples),
+                                   "batch_size": args.batch_size, "results": results})
     labels = [f"{r['task']}/{r['decoder']}" for r in results]
     png = bar_plots(path.with_suffix(".png"), labels, {
         "speed-up over greedy": [r["speedup"] for r in results],
         "tokens per forward": [r["tokens_per_forward"] for r in results],
-    }, f"Lossless decoders vs greedy, {args.model}, {len(examples)} CoNLL-03 dev sentences")
+    }, f"Lossless decoders vs greedy, {args.model}, {len(examples)} CoNLL-03 dev sentences, batch {args.batch_size}")
     print(f"wrote {path} and {png}")
 
 

@@ -114,14 +114,14 @@ class ConstrainedCopyDecoder(DraftVerifyDecoder):
             node = node.children[token]
         return kept
 
-    def choose(self, logprobs: torch.Tensor, states: list[RowState], drafts: list[list[int]]) -> torch.Tensor:
-        _check_rows(self.tries, len(states))
+    def choose(self, logprobs: torch.Tensor, rows: list[int], states: list[RowState], drafts: list[list[int]]) -> torch.Tensor:
+        _check_rows(self.tries, max(rows, default=-1) + 1)
         masked = logprobs.clone()
-        for row, (state, draft) in enumerate(zip(states, drafts)):
+        for position, (row, state, draft) in enumerate(zip(rows, states, drafts)):
             node = None if state.done else _node(self.tries[row], state.tokens)
             for column in range(min(len(draft) + 1, logprobs.shape[1])):
                 if node is None:
                     break
-                restrict(masked[row, column:column + 1], [node.children])
+                restrict(masked[position, column:column + 1], [node.children])
                 node = node.children.get(draft[column]) if column < len(draft) else None
         return masked.argmax(-1)

@@ -21,7 +21,7 @@ import torch
 from transformers import Cache, PreTrainedModel
 
 from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
-from general_decoding.kv_cache import ReservedCache, keep_first
+from general_decoding.kv_cache import ReservedCache, keep_first, keep_rows
 
 
 @dataclass
@@ -58,7 +58,7 @@ def prefill(
     cache: Cache,
     stop: StopCriteria,
     context_ids: list[list[int]] | None,
-    choose: Callable[[torch.Tensor, list[RowState], list[list[int]]], torch.Tensor] | None = None,
+    choose: Callable[[torch.Tensor, list[int], list[RowState], list[list[int]]], torch.Tensor] | None = None,
 ) -> list[RowState]:
     """Run the uncached prompt into ``cache`` and emit each row's first (greedy) token
     (``choose``: a decoder's :meth:`DraftVerifyDecoder.choose`, when it is not the argmax)."""
@@ -69,7 +69,7 @@ def prefill(
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
     logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-    first = logprobs.argmax(-1) if choose is None else choose(logprobs[:, None], states, [[] for _ in states])[:, 0]
+    first = logprobs.argmax(-1) if choose is None else choose(logprobs[:, None], list(range(len(states))), states, [[] for _ in states])[:, 0]
     for state, token, lp in zip(states, first.tolist(), logprobs.gather(-1, first[:, None])[:, 0].tolist()):
         state.emit(token, lp, stop)
     return states
@@ -127,9 +127,15 @@ class DraftLength:
 class DraftVerifyDecoder(Decoder):
     """Greedy-exact decoding that verifies up to ``max_draft`` drafted tokens per forward, the
     number per row set by :class:`DraftLength`, starting from ``expected_accepted`` tokens
-    accepted per draft."""
+    accepted per draft.
+
+    A verification forward feeds at most ``verify_tokens`` tokens over the batch: drafts are
+    cut to fit. A large batch's forward is compute-bound, so drafted tokens would cost their
+    full price and most are rejected; it decodes greedily, and drafts start paying as rows
+    finish (finished rows leave the batch and the cache). One row drafts up to ``max_draft``."""
 
     expected_accepted = 1.0
+    verify_tokens = 24
 
     def __init__(self, max_draft: int = 8) -> None:
         if max_draft < 1:
@@ -150,9 +156,10 @@ class DraftVerifyDecoder(Decoder):
         """Hook: decoder-specific counts for :attr:`Generation.details`."""
         return {}
 
-    def choose(self, logprobs: torch.Tensor, states: list[RowState], drafts: list[list[int]]) -> torch.Tensor:
+    def choose(self, logprobs: torch.Tensor, rows: list[int], states: list[RowState], drafts: list[list[int]]) -> torch.Tensor:
         """The token each row emits after ``[last] + draft[:j]`` for every column j of
-        ``logprobs`` ([rows, columns, vocabulary]): the most probable one (greedy)."""
+        ``logprobs`` ([rows, columns, vocabulary]; row i is the batch's row ``rows[i]``, with
+        ``states[i]`` and ``drafts[i]``): the most probable one (greedy)."""
         return logprobs.argmax(-1)
 
     def _generate(
@@ -169,43 +176,46 @@ class DraftVerifyDecoder(Decoder):
         self.start(states)
         lengths = DraftLength(len(states), self.max_draft, prior=self.expected_accepted)
         forwards, accepted_per_pass = 1, [len(states)]
+        live = list(range(len(states)))  # the batch's rows still decoding, in cache order
         mask = attention_mask
-        while not all(s.done for s in states):
-            active = [not s.done for s in states]
-            budgets = [min(lengths.budget(r), stop.max_new_tokens - len(s.tokens)) if a else 0 for r, (s, a) in enumerate(zip(states, active))]
-            drafts = [self.propose(r, s, b) if b > 0 else [] for r, (s, b) in enumerate(zip(states, budgets))]
+        while True:
+            going = [i for i, r in enumerate(live) if not states[r].done]
+            if not going:
+                break
+            if len(going) < len(live):  # finished rows leave the batch and the cache
+                keep_rows(cache, torch.tensor(going, device=mask.device))
+                live, mask = [live[i] for i in going], mask[going]
+            room = max(self.verify_tokens // len(live) - 1, 0)
+            drafts = [self.propose(r, states[r], budget) if (budget := min(lengths.budget(r), room, stop.max_new_tokens - len(states[r].tokens))) > 0
+                      else [] for r in live]
             width = max(len(d) for d in drafts)
-            ids = torch.tensor([[s.tokens[-1] if s.tokens else 0] + d + [0] * (width - len(d)) for s, d in zip(states, drafts)],
-                               device=input_ids.device)
-            step_mask = torch.tensor(active, device=mask.device)[:, None].long().expand(-1, width + 1)
-            full_mask = torch.cat([mask, step_mask], dim=1)
+            ids = torch.tensor([[states[r].tokens[-1]] + d + [0] * (width - len(d)) for r, d in zip(live, drafts)], device=input_ids.device)
+            full_mask = torch.cat([mask, torch.ones_like(mask[:, :1]).expand(-1, width + 1)], dim=1)
             positions = mask.sum(-1, keepdim=True) + torch.arange(width + 1, device=mask.device)
             past = cache.get_seq_length()
             logits = model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
                            past_key_values=cache, use_cache=True).logits
             forwards += 1
             logprobs = torch.log_softmax(logits.float(), dim=-1)
-            predictions = self.choose(logprobs, states, drafts)
+            predictions = self.choose(logprobs, live, [states[r] for r in live], drafts)
             chosen = logprobs.gather(-1, predictions[..., None])[..., 0]
-            kept = [0] * len(states)
+            kept = []
             emitted_now = 0
-            for r, state in enumerate(states):
-                if not active[r]:
-                    continue
-                row_pred = predictions[r].tolist()
+            for i, r in enumerate(live):
+                state, draft, row_pred = states[r], drafts[i], predictions[i].tolist()
                 accepted = 0
-                while accepted < len(drafts[r]) and drafts[r][accepted] == row_pred[accepted]:
+                while accepted < len(draft) and draft[accepted] == row_pred[accepted]:
                     accepted += 1
                 self.observe(r, state, row_pred, accepted)
-                lengths.update(r, len(drafts[r]), accepted)
-                row_lp = chosen[r].tolist()
+                lengths.update(r, len(draft), accepted)
+                row_lp = chosen[i].tolist()
                 before = len(state.tokens) + int(state.stopped)
                 for j in range(accepted + 1):
                     state.emit(row_pred[j], row_lp[j], stop)
                     if state.done:
                         break
                 emitted_now += len(state.tokens) + int(state.stopped) - before
-                kept[r] = 1 + accepted  # the fed last token and the accepted drafts are now valid cache
+                kept.append(1 + accepted)  # the fed last token and the accepted drafts are now valid cache
             accepted_per_pass.append(emitted_now)
             keep = max(kept)
             keep_first(cache, past + keep)

@@ -26,11 +26,11 @@ def _engine(args: argparse.Namespace):
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, backend_flag: str = "--backend") -> None:
-    from ner_service.engine import DEFAULT_MODEL, STRATEGIES
+    from ner_service.engine import DEFAULT_BACKEND, DEFAULT_MODEL, STRATEGIES
 
     parser.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
     parser.add_argument("--decoder", choices=STRATEGIES, default="padellm", help="PaDeLLM or the autoregressive baseline")
-    parser.add_argument(backend_flag, dest="backend", default="greedy", help=f"token decoder: {', '.join(available_decoders())}")
+    parser.add_argument(backend_flag, dest="backend", default=DEFAULT_BACKEND, help=f"token decoder (default: %(default)s): {', '.join(available_decoders())}")
     parser.add_argument("--labels", default=None, help="comma-separated subset of the model's labels")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

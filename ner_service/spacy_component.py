@@ -19,7 +19,7 @@ from spacy.tokens import Doc, Span
 from spacy.util import filter_spans, minibatch
 
 from general_decoding import available_decoders
-from ner_service.engine import STRATEGIES, Extraction, NEREngine, NERModel, NERModelConfig, default_model_for_language
+from ner_service.engine import DEFAULT_BACKEND, STRATEGIES, Extraction, NEREngine, NERModel, NERModelConfig, default_model_for_language
 from ner_service.engine.ner_model import resolve_ner_model
 
 FACTORY = "padellm_ner"
@@ -126,7 +126,7 @@ class PaDeLLMNER:
 
 @Language.factory(
     FACTORY,
-    default_config={"model": AUTO_MODEL, "labels": None, "decoder": "padellm", "backend": "greedy", "batch_size": 16},
+    default_config={"model": AUTO_MODEL, "labels": None, "decoder": "padellm", "backend": DEFAULT_BACKEND, "batch_size": 16},
     assigns=["doc.ents"],
 )
 def make_padellm_ner(

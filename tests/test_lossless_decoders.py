@@ -11,6 +11,7 @@ from transformers import DynamicCache
 
 from general_decoding import StopCriteria, get_decoder
 from general_decoding.base import position_ids_from_mask
+from general_decoding.draft_verify import DraftVerifyDecoder
 from ner_service.engine import prompts
 
 LOSSLESS = ["jacobi", "gs_jacobi", "anpd", "lookahead", "copy", "speculative"]
@@ -39,17 +40,20 @@ def _queries(tokenizer) -> list[list[int]]:
 
 def _decoder(name: str, model):
     """The decoder, drafting from its first step (Jacobi and lookahead would otherwise start
-    greedy on these models), so that every draft-and-verify path runs."""
+    greedy on these models) and in batches of any size, so that every draft-and-verify path runs."""
     if name != "speculative":
         decoder = get_decoder(name)
         decoder.expected_accepted = 1.0
-        return decoder
-    draft = copy.deepcopy(model)  # a perturbed copy: drafts are right only part of the time
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(0)
-        for parameter in draft.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5 * parameter.std().clamp(min=1e-3))
-    return get_decoder("speculative", draft_model=draft)
+    else:
+        draft = copy.deepcopy(model)  # a perturbed copy: drafts are right only part of the time
+        with torch.no_grad():
+            generator = torch.Generator().manual_seed(0)
+            for parameter in draft.parameters():
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5 * parameter.std().clamp(min=1e-3))
+        decoder = get_decoder("speculative", draft_model=draft)
+    if isinstance(decoder, DraftVerifyDecoder):
+        decoder.verify_tokens = 10_000
+    return decoder
 
 
 def _run(decoder, model, rows: list[list[int]], stop: StopCriteria, pad: int):
@@ -86,6 +90,29 @@ def test_left_padded_batch_equals_greedy(tiny_engine, name: str) -> None:
     got = _run(decoder, model, rows, stop, 0)
     assert got.tokens == expected.tokens
     assert got.stopped == expected.stopped
+
+
+def test_a_large_batch_verifies_few_drafts_and_finished_rows_leave_it(tiny_engine) -> None:
+    """A verification forward feeds at most ``verify_tokens`` tokens (or one per row): a large
+    batch decodes greedily, drafts resume as rows finish and leave the batch."""
+    model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
+    stop = StopCriteria(30, frozenset({tokenizer.eos_token_id}))
+    rows = _queries(tokenizer)
+    decoder = get_decoder("copy")
+    decoder.verify_tokens = 48
+    fed: list[tuple[int, int]] = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        got = _run(decoder, model, rows, stop, 0)
+    finally:
+        hook.remove()
+    expected = _run(get_decoder("greedy"), model, rows, stop, 0)
+    assert got.tokens == expected.tokens and got.stopped == expected.stopped
+    steps = fed[1:]  # after the prefill
+    assert all(batch * width <= max(decoder.verify_tokens, batch) for batch, width in steps)
+    assert steps[0] == (len(rows), 1)  # 32 rows: no room to draft
+    assert [batch for batch, _ in steps] == sorted((batch for batch, _ in steps), reverse=True)
+    assert steps[-1][0] < len(rows) and any(width > 1 for _, width in steps)
 
 
 @pytest.mark.parametrize("name", LOSSLESS)

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from tqdm import tqdm
 
-from ner_service.engine import NEREngine
+from ner_service.engine import DEFAULT_BACKEND, NEREngine
 from training.data import Example, Span
 
 SpanKey = tuple[int, int, str]
@@ -53,7 +53,7 @@ def evaluate_engine(
     engine: NEREngine,
     examples: Sequence[Example],
     decoder: str = "padellm",
-    backend: str = "greedy",
+    backend: str = DEFAULT_BACKEND,
     batch_size: int = 1,
     labels: Sequence[str] | None = None,
     progress: bool = True,

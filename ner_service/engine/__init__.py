@@ -1,11 +1,12 @@
 """The NER engine and the model it runs."""
 
-from ner_service.engine.engine import STRATEGIES, Extraction, ExtractionStats, NEREngine, UnknownLabelError
+from ner_service.engine.engine import DEFAULT_BACKEND, STRATEGIES, Extraction, ExtractionStats, NEREngine, UnknownLabelError
 from ner_service.engine.model_loading import ModelNotFoundError
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel, NERModelConfig, default_model_for_language, model_for_language, shipped_model_names
 from ner_service.engine.spans import Entity
 
 __all__ = [
+    "DEFAULT_BACKEND",
     "DEFAULT_MODEL",
     "STRATEGIES",
     "Entity",
