@@ -23,7 +23,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
-from general_decoding import StopCriteria, get_decoder  # noqa: E402
+from general_decoding import StopCriteria, get_decoder, left_pad  # noqa: E402
 from ner_service.engine import NEREngine, prompts  # noqa: E402
 from ner_service.engine.model_loading import load_causal_lm  # noqa: E402
 from training.data import read_corpus  # noqa: E402
@@ -45,15 +45,8 @@ def queries(engine: NEREngine, text: str, mentions: dict[str, int]) -> dict[str,
     }
 
 
-def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows as one left-padded batch and its attention mask."""
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
-
-
 def spans(extractions: list) -> list[list[tuple[int, int, str]]]:
+    """Each extraction's (start, end, label) spans: what "identical" compares on the engine task."""
     return [[(e.start, e.end, e.label) for e in x.entities] for x in extractions]
 
 
@@ -84,7 +77,7 @@ def main() -> None:
         rows = [queries(engine, e.text, {lab: len(e.mentions(lab)) for lab in engine.labels}) for e in batch]
         for kind in limits:
             stop = StopCriteria(limits[kind], frozenset({engine.ner_model.eos_token_id}))
-            ids, mask = left_padded([r[kind] for r in rows], engine.ner_model.eos_token_id)
+            ids, mask = left_pad([r[kind] for r in rows], engine.ner_model.eos_token_id)
             reference = None
             for name, decoder in decoders.items():  # interleaved: noise hits every decoder alike
                 began = time.perf_counter()
@@ -99,8 +92,9 @@ def main() -> None:
             began = time.perf_counter()
             found = engine.extract([e.text for e in batch], backend=name)
             seconds[name, "engine"] += time.perf_counter() - began
-            forwards[name, "engine"] += found[0].stats.forward_passes
-            emitted[name, "engine"] += found[0].stats.generated_tokens
+            calls = {id(x.stats): x.stats for x in found}.values()  # one stats object per engine call
+            forwards[name, "engine"] += sum(s.forward_passes for s in calls)
+            emitted[name, "engine"] += sum(s.generated_tokens for s in calls)
             expected = expected or spans(found)
             identical[name, "engine"] &= spans(found) == expected
     results = []

@@ -4,7 +4,7 @@ Every decoder is a small :class:`Decoder` subclass registered by name; ``greedy`
 is the reference that the lossless decoders reproduce token for token.
 """
 
-from general_decoding.base import Decoder, Generation, StopCriteria
+from general_decoding.base import Decoder, Generation, StopCriteria, left_pad
 from general_decoding.registry import (
     UnknownDecoderError,
     available_decoders,
@@ -21,5 +21,6 @@ __all__ = [
     "UnknownDecoderError",
     "available_decoders",
     "get_decoder",
+    "left_pad",
     "register_decoder",
 ]

@@ -45,6 +45,18 @@ class Generation:
         return emitted / max(self.forward_passes, 1)
 
 
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[batch, width]`` ids and 0/1 attention mask with every row right-aligned (left-padded
+    with ``pad_id``), so that every row's next token is predicted from the last column."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = 1
+    return ids, mask
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position of each column counting only attended columns (padding holes skipped)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

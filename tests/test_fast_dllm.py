@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from general_decoding import left_pad
 from general_decoding.diffusion import (
     BlockDiffusionSampler,
     FactorUnmasking,
@@ -18,7 +19,6 @@ from general_decoding.diffusion import (
     bidirectional_mask,
     block_bounds,
     causal_prompt_mask,
-    left_pad_prompts,
     llada_sampler,
 )
 from ner_service.engine import NEREngine, prompts
@@ -102,7 +102,7 @@ def test_a_causal_prompt_never_sees_the_answer_and_the_answer_sees_everything() 
 
 
 def test_prompts_are_right_aligned_and_padding_is_never_attended() -> None:
-    ids, mask = left_pad_prompts([[7, 8, 9], [5]], pad_id=0)
+    ids, mask = left_pad([[7, 8, 9], [5]], pad_id=0)
     assert ids.tolist() == [[7, 8, 9], [0, 0, 5]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     keys = torch.cat([mask, torch.ones(2, 2, dtype=torch.long)], dim=1)
@@ -166,7 +166,7 @@ def test_a_fresh_cache_gives_the_full_forward_logits(batch: dict, cache: str, sh
     ``shift`` the block is read from the column before each position, which runs with it)."""
     sampler = BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache=cache, shift=shift)
     model = batch["model"]
-    ids, key_mask = left_pad_prompts(batch["prompts"], batch["eos_id"])
+    ids, key_mask = left_pad(batch["prompts"], batch["eos_id"])
     start = ids.shape[1]
     ids = torch.cat([ids, torch.full((len(ids), 16), batch["mask_id"])], dim=1)
     ids[:, start:start + 3] = batch["eos_id"]  # some answer tokens already decided

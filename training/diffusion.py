@@ -36,7 +36,8 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from general_decoding.diffusion.layout import bidirectional_mask, causal_prompt_mask, left_pad_prompts
+from general_decoding.base import left_pad
+from general_decoding.diffusion.layout import bidirectional_mask, causal_prompt_mask
 from ner_service.engine import NERModelConfig, prompts
 from ner_service.engine.model_loading import load_causal_lm
 from ner_service.engine.ner_model import SELF_CONTAINED, NERModel
@@ -110,7 +111,7 @@ def diffusion_loss(model: PreTrainedModel, rows: list[DiffusionRow], mask_id: in
     """The LLaDA SFT loss of a batch: masked-token cross-entropy weighted by ``1 / t`` (with
     ``shift``, each answer token is predicted from the column before it; with
     ``causal_prompt``, only the answer attends bidirectionally)."""
-    ids, attention = left_pad_prompts([r.prompt for r in rows], pad_id)
+    ids, attention = left_pad([r.prompt for r in rows], pad_id)
     answer_start = ids.shape[1]
     answers = torch.tensor([r.answer for r in rows])
     batch, length = answers.shape

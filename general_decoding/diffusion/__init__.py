@@ -5,7 +5,7 @@ remasking, no cache) and Fast-dLLM (prefix or dual KV cache refreshed at block b
 confidence-threshold or factor-based parallel unmasking).
 """
 
-from general_decoding.diffusion.layout import bidirectional_mask, block_bounds, causal_prompt_mask, left_pad_prompts
+from general_decoding.diffusion.layout import bidirectional_mask, block_bounds, causal_prompt_mask
 from general_decoding.diffusion.sampler import BlockDiffusionSampler, DiffusionOutput, fast_dllm_sampler, llada_sampler
 from general_decoding.diffusion.unmasking import FactorUnmasking, FixedStepsUnmasking, ThresholdUnmasking, Unmasking
 
@@ -20,6 +20,5 @@ __all__ = [
     "block_bounds",
     "causal_prompt_mask",
     "fast_dllm_sampler",
-    "left_pad_prompts",
     "llada_sampler",
 ]

@@ -1,20 +1,8 @@
-"""Sequence layout of a diffusion batch: left-padded prompts, aligned answers, full attention."""
+"""Sequence layout of a diffusion batch: aligned answers after left-padded prompts, full attention."""
 
 from __future__ import annotations
 
 import torch
-
-
-def left_pad_prompts(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[batch, width]`` ids and 0/1 mask with every prompt right-aligned, so that the
-    answers that follow start in the same column for every row."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt):] = 1
-    return ids, mask
 
 
 def bidirectional_mask(key_mask: torch.Tensor, dtype: torch.dtype, queries: int | None = None) -> torch.Tensor:

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from general_decoding.diffusion.layout import bidirectional_mask, block_bounds, causal_prompt_mask, left_pad_prompts
+from general_decoding.base import left_pad
+from general_decoding.diffusion.layout import bidirectional_mask, block_bounds, causal_prompt_mask
 from general_decoding.diffusion.unmasking import FixedStepsUnmasking, ThresholdUnmasking, Unmasking
 from general_decoding.kv_cache import keep_columns, keep_first
 
@@ -81,7 +82,7 @@ class BlockDiffusionSampler:
     def _sample(self, model: PreTrainedModel, prompts: list[list[int]], answer_length: int, mask_id: int, eos_id: int,
                 pad_id: int) -> DiffusionOutput:
         device, dtype = model.device, model.dtype
-        ids, key_mask = left_pad_prompts(prompts, pad_id)
+        ids, key_mask = left_pad(prompts, pad_id)
         start_answer = ids.shape[1]
         ids = torch.cat([ids, torch.full((len(prompts), answer_length), mask_id, dtype=torch.long)], dim=1).to(device)
         key_mask = torch.cat([key_mask, torch.ones(len(prompts), answer_length, dtype=torch.long)], dim=1).to(device)

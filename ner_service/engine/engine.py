@@ -34,7 +34,7 @@ import torch
 from transformers import Cache, DynamicCache
 
 from general_decoding import Decoder, Generation, StopCriteria, get_decoder
-from general_decoding.base import position_ids_from_mask
+from general_decoding.base import left_pad, position_ids_from_mask
 from general_decoding.constrained import ConstrainedCopyDecoder, TokenTrie, restrict
 from general_decoding.diffusion import BlockDiffusionSampler
 from general_decoding.kv_cache import cache_bytes, select_rows
@@ -233,13 +233,7 @@ class NEREngine:
         return self.ner_model.tokenizer(prompts.prefix(window.text)).input_ids
 
     def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row):] = torch.tensor(row)
-            mask[i, width - len(row):] = 1
-        return ids, mask
+        return left_pad(rows, self._pad)
 
     def _device(self) -> torch.device:
         return self.ner_model.model.device
