@@ -121,7 +121,7 @@ def main() -> None:
         for index, config in enumerate(configs):  # interleaved: noise hits every variant alike
             engine.diffusion_sampler = config.sampler
             began = time.perf_counter()
-            results = engine.extract(texts, decoder="fast_dllm")
+            results = engine.extract(texts, strategy="fast_dllm")
             seconds[index] += time.perf_counter() - began
             tokens[index] += results[0].stats.generated_tokens
             forwards[index] += results[0].stats.forward_passes
@@ -138,7 +138,7 @@ def main() -> None:
         })
     reference = None
     if args.padellm:
-        report = evaluate_engine(NEREngine.load(args.padellm), examples, decoder="padellm", batch_size=args.batch_size)
+        report = evaluate_engine(NEREngine.load(args.padellm), examples, strategy="padellm", batch_size=args.batch_size)
         reference = {"model": args.padellm, "decoder": "padellm", "f1": report["micro_f1"], "texts_per_s": len(examples) / report["seconds"]}
     print(f"\n{args.model} on {len(examples)} CoNLL-03 dev sentences, batches of {args.batch_size}, float32, "
           f"{torch.get_num_threads()} threads; speed-up over the baseline sampler of the same block size")

@@ -72,7 +72,7 @@ def main() -> None:
     warm = queries(engine, examples[0].text, {})
     for name, decoder in decoders.items():  # untimed: first calls pay for allocations, not decoding
         decoder.generate(models["mention"], torch.tensor([warm["mention"]]), StopCriteria(limits["mention"], frozenset({engine.ner_model.eos_token_id})))
-        engine.extract([examples[0].text], backend=name)
+        engine.extract([examples[0].text], decoder=name)
     for batch in tqdm(batches, desc=f"batches of {args.batch_size}", unit="batch"):
         rows = [queries(engine, e.text, {lab: len(e.mentions(lab)) for lab in engine.labels}) for e in batch]
         for kind in limits:
@@ -90,7 +90,7 @@ def main() -> None:
         expected = None
         for name in decoders:
             began = time.perf_counter()
-            found = engine.extract([e.text for e in batch], backend=name)
+            found = engine.extract([e.text for e in batch], decoder=name)
             seconds[name, "engine"] += time.perf_counter() - began
             calls = {id(x.stats): x.stats for x in found}.values()  # one stats object per engine call
             forwards[name, "engine"] += sum(s.forward_passes for s in calls)

@@ -48,7 +48,7 @@ def main() -> None:
         for example in tqdm(examples, desc=strategy, unit="text"):
             for name, (engine, backend) in runs.items():  # interleaved: noise hits both alike
                 began = time.perf_counter()
-                out = engine.extract([example.text], decoder=strategy, backend=backend)[0]
+                out = engine.extract([example.text], strategy=strategy, decoder=backend)[0]
                 seconds[name] += time.perf_counter() - began
                 tokens[name] += out.stats.generated_tokens
                 forwards[name] += out.stats.forward_passes - (1 if strategy == "padellm" else 0)  # the count step is not decoding

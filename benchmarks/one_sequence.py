@@ -65,12 +65,12 @@ def main() -> None:
         for example in tqdm(examples, desc=f"{bucket} entities", unit="text"):
             spans = {}
             for layout, backend in LAYOUTS.items():
-                engine.extract([example.text], backend=backend)  # warm-up for this shape
+                engine.extract([example.text], decoder=backend)  # warm-up for this shape
             for layout, backend in LAYOUTS.items():
                 times = []
                 for _ in range(args.repeats):
                     began = time.perf_counter()
-                    out = engine.extract([example.text], backend=backend)[0]
+                    out = engine.extract([example.text], decoder=backend)[0]
                     times.append(time.perf_counter() - began)
                 latency[layout].append(1000 * statistics.median(times))
                 kv_bytes[layout].append(out.stats.kv_cache_bytes)

@@ -53,13 +53,13 @@ def main() -> None:
         "padellm": (shared, "padellm", args.backend),
         "padellm_reencode": (NEREngine(shared.ner_model, share_prefix=False), "padellm", args.backend),
     }
-    shared.extract([examples[0].text], decoder="padellm")  # warm-up
+    shared.extract([examples[0].text], strategy="padellm")  # warm-up
     latency: dict[str, list[float]] = {v: [] for v in VARIANTS}
     forwards: dict[str, list[int]] = {v: [] for v in VARIANTS}
     predicted: dict[str, list[list[tuple[int, int, str]]]] = {v: [] for v in VARIANTS}
     for example in tqdm(examples, desc="sentences", unit="text"):
         for variant, (engine, decoder, backend) in engines.items():
-            (result,) = engine.extract([example.text], decoder=decoder, backend=backend)
+            (result,) = engine.extract([example.text], strategy=decoder, decoder=backend)
             latency[variant].append(result.stats.latency_ms)
             forwards[variant].append(result.stats.forward_passes)
             predicted[variant].append([(e.start, e.end, e.label) for e in result.entities])

@@ -26,11 +26,11 @@ def _engine(args: argparse.Namespace):
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, backend_flag: str = "--backend") -> None:
-    from ner_service.engine import DEFAULT_BACKEND, DEFAULT_MODEL, STRATEGIES
+    from ner_service.engine import DEFAULT_DECODER, DEFAULT_MODEL, STRATEGIES
 
     parser.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
     parser.add_argument("--decoder", choices=STRATEGIES, default="padellm", help="PaDeLLM or the autoregressive baseline")
-    parser.add_argument(backend_flag, dest="backend", default=DEFAULT_BACKEND, help=f"token decoder (default: %(default)s): {', '.join(available_decoders())}")
+    parser.add_argument(backend_flag, dest="backend", default=DEFAULT_DECODER, help=f"token decoder (default: %(default)s): {', '.join(available_decoders())}")
     parser.add_argument("--labels", default=None, help="comma-separated subset of the model's labels")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -49,7 +49,7 @@ def _labels(args: argparse.Namespace) -> list[str] | None:
 def cmd_extract(args: argparse.Namespace) -> int:
     engine = _engine(args)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
-    results = engine.extract(texts, labels=_labels(args), decoder=args.decoder, backend=args.backend)
+    results = engine.extract(texts, labels=_labels(args), strategy=args.decoder, decoder=args.backend)
     payload = [{"text": text, **result.to_dict()} for text, result in zip(texts, results)]
     print(json.dumps(payload if len(payload) != 1 else payload[0], ensure_ascii=False, indent=2))
     return 0
@@ -61,7 +61,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     examples = read_corpus(args.path)[: args.limit]
     engine = _engine(args)
-    report = evaluate_engine(engine, examples, decoder=args.decoder, backend=args.backend, batch_size=args.batch_size, labels=_labels(args))
+    report = evaluate_engine(engine, examples, strategy=args.decoder, decoder=args.backend, batch_size=args.batch_size, labels=_labels(args))
     report["model"] = engine.name
     if args.json:
         print(json.dumps(report, ensure_ascii=False))

@@ -19,7 +19,7 @@ from spacy.tokens import Doc, Span
 from spacy.util import filter_spans, minibatch
 
 from general_decoding import available_decoders
-from ner_service.engine import DEFAULT_BACKEND, STRATEGIES, Extraction, NEREngine, NERModel, NERModelConfig, default_model_for_language
+from ner_service.engine import DEFAULT_DECODER, STRATEGIES, Extraction, NEREngine, NERModel, NERModelConfig, default_model_for_language
 from ner_service.engine.ner_model import resolve_ner_model
 
 FACTORY = "padellm_ner"
@@ -86,7 +86,7 @@ class PaDeLLMNER:
     def pipe(self, stream: Iterable[Doc], batch_size: int | None = None) -> Iterator[Doc]:
         """Annotate ``stream``: one engine batch per ``min(batch_size, self.batch_size)`` docs."""
         for batch in minibatch(stream, size=min(batch_size or self.batch_size, self.batch_size)):
-            extractions = self.engine.extract([doc.text for doc in batch], labels=self.requested_labels, decoder=self.decoder, backend=self.backend)
+            extractions = self.engine.extract([doc.text for doc in batch], labels=self.requested_labels, strategy=self.decoder, decoder=self.backend)
             for doc, extraction in zip(batch, extractions):
                 self.set_entities(doc, extraction)
                 yield doc
@@ -126,7 +126,7 @@ class PaDeLLMNER:
 
 @Language.factory(
     FACTORY,
-    default_config={"model": AUTO_MODEL, "labels": None, "decoder": "padellm", "backend": DEFAULT_BACKEND, "batch_size": 16},
+    default_config={"model": AUTO_MODEL, "labels": None, "decoder": "padellm", "backend": DEFAULT_DECODER, "batch_size": 16},
     assigns=["doc.ents"],
 )
 def make_padellm_ner(

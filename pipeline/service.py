@@ -174,12 +174,12 @@ def documents_to_run(session: Session, version_of: Callable[[str | None], str | 
 def _extract(engine, texts: list[str], decoder: str) -> list[list[Any] | Exception]:
     """Entities per text; when the batch fails, each text alone so that one bad text fails alone."""
     try:
-        return [result.entities for result in engine.extract(texts, decoder=decoder)]
+        return [result.entities for result in engine.extract(texts, strategy=decoder)]
     except Exception:  # noqa: BLE001 - isolate the failing text below
         outcomes: list[list[Any] | Exception] = []
         for text in texts:
             try:
-                outcomes.append(engine.extract([text], decoder=decoder)[0].entities)
+                outcomes.append(engine.extract([text], strategy=decoder)[0].entities)
             except Exception as error:  # noqa: BLE001 - stored as the document's error
                 outcomes.append(error)
         return outcomes

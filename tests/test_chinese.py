@@ -65,7 +65,7 @@ def test_shipped_zh_tokenizer_round_trips_a_resume_sentence(zh_engine: NEREngine
 @pytest.mark.parametrize("decoder", ["padellm", "ar"])
 def test_zh_model_by_name_finds_resume_entities_at_exact_character_offsets(zh_engine: NEREngine, decoder: str) -> None:
     assert zh_engine.ner_model.config.language == "zh"
-    (result,) = zh_engine.extract([RESUME_TEXT], decoder=decoder)
+    (result,) = zh_engine.extract([RESUME_TEXT], strategy=decoder)
     found = {(e.start, e.end, e.label) for e in result.entities}
     for entity in result.entities:
         assert RESUME_TEXT[entity.start:entity.end] == entity.text

@@ -17,9 +17,9 @@ TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", 
 
 @pytest.mark.parametrize("decoder", ["padellm", "ar"])
 def test_empty_text_gives_no_entities_and_no_work(tiny_engine: NEREngine, decoder: str) -> None:
-    (result,) = tiny_engine.extract([""], decoder=decoder)
+    (result,) = tiny_engine.extract([""], strategy=decoder)
     assert result.entities == [] and result.stats.forward_passes == 0
-    assert tiny_engine.extract([], decoder=decoder) == []
+    assert tiny_engine.extract([], strategy=decoder) == []
 
 
 def test_unknown_label_lists_the_models_labels(tiny_engine: NEREngine) -> None:
@@ -29,9 +29,9 @@ def test_unknown_label_lists_the_models_labels(tiny_engine: NEREngine) -> None:
 
 def test_unknown_strategy_backend_and_model(tiny_engine: NEREngine) -> None:
     with pytest.raises(ValueError, match="padellm, ar"):
-        tiny_engine.extract(["x"], decoder="beam")
+        tiny_engine.extract(["x"], strategy="beam")
     with pytest.raises(UnknownDecoderError):
-        tiny_engine.extract(["x"], backend="nope")
+        tiny_engine.extract(["x"], decoder="nope")
     with pytest.raises(TypeError):
         tiny_engine.extract("a string, not a list")
     with pytest.raises(ModelNotFoundError, match="shipped models: .*tiny-conll03"):
@@ -40,9 +40,9 @@ def test_unknown_strategy_backend_and_model(tiny_engine: NEREngine) -> None:
 
 @pytest.mark.parametrize("decoder", ["padellm", "ar"])
 def test_batch_equals_one_by_one_and_prefix_sharing_equals_reencoding(tiny_engine: NEREngine, decoder: str) -> None:
-    batched = tiny_engine.extract(TEXTS, decoder=decoder)
-    alone = [tiny_engine.extract([t], decoder=decoder)[0] for t in TEXTS]
-    reencoding = NEREngine(tiny_engine.ner_model, share_prefix=False).extract(TEXTS, decoder=decoder)
+    batched = tiny_engine.extract(TEXTS, strategy=decoder)
+    alone = [tiny_engine.extract([t], strategy=decoder)[0] for t in TEXTS]
+    reencoding = NEREngine(tiny_engine.ner_model, share_prefix=False).extract(TEXTS, strategy=decoder)
     assert [r.entities for r in batched] == [r.entities for r in alone] == [r.entities for r in reencoding]
     assert batched[0].stats.generated_tokens == sum(r.stats.generated_tokens for r in alone)
     assert batched[0].stats.forward_passes > 0
@@ -53,7 +53,7 @@ def test_long_text_is_windowed_with_offsets_kept(tiny_engine: NEREngine) -> None
     engine = NEREngine(tiny_engine.ner_model, max_window_tokens=48)
     assert len(engine._windows([text])) > 10
     for decoder in ("padellm", "ar"):
-        (result,) = engine.extract([text], decoder=decoder)
+        (result,) = engine.extract([text], strategy=decoder)
         assert all(text[e.start:e.end] == e.text for e in result.entities)
 
 

@@ -206,7 +206,7 @@ def test_fast_dllm_never_needs_more_forwards_than_the_baseline(batch: dict) -> N
 
 
 def test_engine_decoder_fast_dllm_returns_aligned_entities(diffusion_engine: NEREngine) -> None:
-    results = diffusion_engine.extract(TEXTS, decoder="fast_dllm")
+    results = diffusion_engine.extract(TEXTS, strategy="fast_dllm")
     assert len(results) == len(TEXTS)
     entities = [e for r in results for e in r.entities]
     assert entities, "the diffusion model found no entity at all"
@@ -215,13 +215,13 @@ def test_engine_decoder_fast_dllm_returns_aligned_entities(diffusion_engine: NER
             assert text[entity.start:entity.end] == entity.text and entity.label in diffusion_engine.labels
             assert 0 < entity.score <= 1
         assert result.stats.forward_passes > 0
-    only_per = diffusion_engine.extract(TEXTS, labels=["PER"], decoder="fast_dllm")
+    only_per = diffusion_engine.extract(TEXTS, labels=["PER"], strategy="fast_dllm")
     assert all(e.label == "PER" for r in only_per for e in r.entities)
 
 
 def test_fast_dllm_refuses_a_model_without_a_mask_token(tiny_engine: NEREngine) -> None:
     with pytest.raises(NotADiffusionModelError):
-        tiny_engine.extract(TEXTS[:1], decoder="fast_dllm")
+        tiny_engine.extract(TEXTS[:1], strategy="fast_dllm")
 
 
 def test_training_rows_and_a_short_run_save_a_loadable_model(tmp_path: Path) -> None:
@@ -244,7 +244,7 @@ def test_training_rows_and_a_short_run_save_a_loadable_model(tmp_path: Path) -> 
     short = build_row(examples[0], ["LOC", "PER"], tokenizer, len(tokenizer("\nPER: Peter", add_special_tokens=False).input_ids) + 1)
     assert tokenizer.decode(short.answer, skip_special_tokens=True) == "\nPER: Peter"  # whole lines only
     assert engine.ner_model.config.max_ar_tokens == 12 and tokenizer.mask_token_id is not None
-    [result] = engine.extract(["Peter lives in Paris ."], decoder="fast_dllm")
+    [result] = engine.extract(["Peter lives in Paris ."], strategy="fast_dllm")
     assert result.stats.forward_passes > 0
 
 
@@ -263,5 +263,5 @@ def test_an_adapted_ner_model_trains_a_stacked_adapter_that_decodes(tmp_path: Pa
     assert (tmp_path / "model" / "adapter_model.safetensors").is_file() and not (tmp_path / "model" / "model.safetensors").exists()
     engine = NEREngine.load(tmp_path / "model")
     assert engine.ner_model.tokenizer.mask_token_id == engine.ner_model.tokenizer.convert_tokens_to_ids("^")
-    [result] = engine.extract(["Peter lives in Paris ."], decoder="fast_dllm")
+    [result] = engine.extract(["Peter lives in Paris ."], strategy="fast_dllm")
     assert result.stats.forward_passes > 0 and all("Peter lives in Paris ."[e.start:e.end] == e.text for e in result.entities)

@@ -86,7 +86,7 @@ def test_threshold_above_one_is_greedy_decoding(tiny_engine) -> None:
 
 def test_a_model_not_trained_for_units_is_a_clear_error(tiny_engine) -> None:
     with pytest.raises(ValueError, match="train-lud"):
-        tiny_engine.extract(TEXTS[:1], decoder="ar", backend="lud")
+        tiny_engine.extract(TEXTS[:1], strategy="ar", decoder="lud")
 
 
 def test_train_lud_saves_a_stacked_model_that_decodes(tmp_path, data_dir) -> None:
@@ -97,4 +97,4 @@ def test_train_lud_saves_a_stacked_model_that_decodes(tmp_path, data_dir) -> Non
     engine = NEREngine.load(output)
     assert engine.name == "tiny-lud" and engine.ner_model.model.config.lud_placeholder_id == engine.ner_model.eos_token_id
     for strategy in ("padellm", "ar"):
-        engine.extract(TEXTS, decoder=strategy, backend="lud")  # runs end to end through the engine
+        engine.extract(TEXTS, strategy=strategy, decoder="lud")  # runs end to end through the engine

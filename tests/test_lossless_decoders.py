@@ -176,6 +176,6 @@ def test_speculative_without_a_draft_model_is_a_clear_error() -> None:
 def test_engine_backends_give_the_greedy_entities(en_engine, name: str) -> None:
     texts = TEXTS[:5]
     for strategy in ("padellm", "ar"):
-        expected = [r.entities for r in en_engine.extract(texts, decoder=strategy)]
-        got = [r.entities for r in en_engine.extract(texts, decoder=strategy, backend=name)]
+        expected = [r.entities for r in en_engine.extract(texts, strategy=strategy)]
+        got = [r.entities for r in en_engine.extract(texts, strategy=strategy, decoder=name)]
         assert [[(e.start, e.end, e.label) for e in g] for g in got] == [[(e.start, e.end, e.label) for e in x] for x in expected]

@@ -91,7 +91,7 @@ def test_engine_one_sequence_equals_batched_at_batch_one(request, engine_fixture
     engine = request.getfixturevalue(engine_fixture)
     for text in TEXTS:
         batched = engine.extract([text])
-        single = engine.extract([text], backend="one_sequence")
+        single = engine.extract([text], decoder="one_sequence")
         assert _spans(single) == _spans(batched)
         assert [e.score for e in single[0].entities] == pytest.approx([e.score for e in batched[0].entities], abs=1e-3)
         if batched[0].entities:  # several branches: one held prefix beats one copy per row
@@ -101,4 +101,4 @@ def test_engine_one_sequence_equals_batched_at_batch_one(request, engine_fixture
 @pytest.mark.slow
 def test_engine_one_sequence_handles_several_texts_and_windows(en_engine) -> None:
     texts = TEXTS + [" ".join(TEXTS * 4)]  # the last one spans several windows
-    assert _spans(en_engine.extract(texts, backend="one_sequence")) == _spans(en_engine.extract(texts))
+    assert _spans(en_engine.extract(texts, decoder="one_sequence")) == _spans(en_engine.extract(texts))

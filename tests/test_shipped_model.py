@@ -28,9 +28,9 @@ def test_finds_the_entities_of_a_real_sentence(en_engine: NEREngine) -> None:
 
 @pytest.mark.parametrize("decoder", ["padellm", "ar"])
 def test_batching_and_prefix_sharing_change_nothing(en_engine: NEREngine, decoder: str) -> None:
-    batched = en_engine.extract(SENTENCES, decoder=decoder)
-    alone = [en_engine.extract([s], decoder=decoder)[0] for s in SENTENCES]
-    reencoding = NEREngine(en_engine.ner_model, share_prefix=False).extract(SENTENCES, decoder=decoder)
+    batched = en_engine.extract(SENTENCES, strategy=decoder)
+    alone = [en_engine.extract([s], strategy=decoder)[0] for s in SENTENCES]
+    reencoding = NEREngine(en_engine.ner_model, share_prefix=False).extract(SENTENCES, strategy=decoder)
     key = lambda results: [[(e.start, e.end, e.label) for e in r.entities] for r in results]  # noqa: E731
     assert key(batched) == key(alone) == key(reencoding)
     assert sum(len(r.entities) for r in batched) >= 8
@@ -40,8 +40,8 @@ def test_batching_and_prefix_sharing_change_nothing(en_engine: NEREngine, decode
 
 def test_padellm_needs_fewer_forward_passes_than_ar(en_engine: NEREngine) -> None:
     sentence = SENTENCES[3]
-    (parallel,) = en_engine.extract([sentence], decoder="padellm")
-    (sequential,) = en_engine.extract([sentence], decoder="ar")
+    (parallel,) = en_engine.extract([sentence], strategy="padellm")
+    (sequential,) = en_engine.extract([sentence], strategy="ar")
     assert parallel.stats.forward_passes * 2 < sequential.stats.forward_passes
 
 

@@ -131,7 +131,7 @@ def test_labels_and_decoder_options_take_effect(en_engine: NEREngine, decoder: s
     nlp.add_pipe(FACTORY, config={"model": "en-conll03", "labels": ["LOC"], "decoder": decoder})
     doc = nlp(SENTENCE)
     assert _ents(doc) == [("Paris", "LOC")]
-    [expected] = en_engine.extract([SENTENCE], labels=["LOC"], decoder=decoder)
+    [expected] = en_engine.extract([SENTENCE], labels=["LOC"], strategy=decoder)
     assert doc._.padellm_stats["forward_passes"] == expected.stats.forward_passes
     assert doc._.padellm_stats["generated_tokens"] == expected.stats.generated_tokens
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from tqdm import tqdm
 
-from ner_service.engine import DEFAULT_BACKEND, NEREngine
+from ner_service.engine import DEFAULT_DECODER, NEREngine
 from training.data import Example, Span
 
 SpanKey = tuple[int, int, str]
@@ -52,8 +52,8 @@ def _key(span: Span) -> SpanKey:
 def evaluate_engine(
     engine: NEREngine,
     examples: Sequence[Example],
-    decoder: str = "padellm",
-    backend: str = DEFAULT_BACKEND,
+    strategy: str = "padellm",
+    decoder: str = DEFAULT_DECODER,
     batch_size: int = 1,
     labels: Sequence[str] | None = None,
     progress: bool = True,
@@ -63,11 +63,11 @@ def evaluate_engine(
     predicted: list[list[SpanKey]] = []
     latencies, forwards = [], []
     unmatched = 0
-    bar = tqdm(total=len(examples), desc=f"evaluate {decoder}/{backend}", unit="text", disable=not progress)
+    bar = tqdm(total=len(examples), desc=f"evaluate {strategy}/{decoder}", unit="text", disable=not progress)
     began = time.perf_counter()
     for start in range(0, len(examples), batch_size):
         batch = examples[start:start + batch_size]
-        results = engine.extract([e.text for e in batch], labels=wanted, decoder=decoder, backend=backend)
+        results = engine.extract([e.text for e in batch], labels=wanted, strategy=strategy, decoder=decoder)
         predicted.extend([(e.start, e.end, e.label) for e in r.entities] for r in results)
         latencies.append(results[0].stats.latency_ms)
         forwards.append(results[0].stats.forward_passes)
@@ -80,8 +80,8 @@ def evaluate_engine(
     return {
         **scores,
         "n_sentences": len(examples),
+        "strategy": strategy,
         "decoder": decoder,
-        "backend": backend,
         "batch_size": batch_size,
         "latency_ms": {
             "mean": statistics.fmean(ordered),

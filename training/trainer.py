@@ -154,7 +154,7 @@ def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokeni
     lm.eval()
     engine = NEREngine(NERModel(lm, tokenizer, _ner_config(config, labels, tokenizer), Path(config.output)))
     scores = {
-        decoder: evaluate_engine(engine, dev, decoder=decoder, batch_size=config.eval_batch_size, progress=False)
+        decoder: evaluate_engine(engine, dev, strategy=decoder, batch_size=config.eval_batch_size, progress=False)
         for decoder in ("padellm", "ar")
         if decoder in config.formats
     }

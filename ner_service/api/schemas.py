@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ner_service.engine import DEFAULT_BACKEND
+from ner_service.engine import DEFAULT_DECODER
 
 
 def _valid_unicode(text: str) -> str:
@@ -29,7 +29,7 @@ class EntitiesRequest(BaseModel):
     texts: list[str] | None = Field(None, min_length=1, description="several texts, answered in order")
     labels: list[str] | None = Field(None, min_length=1, description="a subset of the model's labels (default: all)")
     decoder: Literal["padellm", "ar", "fast_dllm"] = Field("padellm", description="label-wise parallel decoding, the autoregressive baseline, or Fast-dLLM sampling of a masked-diffusion model")
-    backend: str = Field(DEFAULT_BACKEND, description="the token decoder (a registered general decoder)")
+    backend: str = Field(DEFAULT_DECODER, description="the token decoder (a registered general decoder)")
     model: str | None = Field(None, description="a shipped model name (default: the model of `language`, else the server's NER_MODEL)")
     language: str | None = Field(None, min_length=2, max_length=16, description="the texts' language ('en', 'zh'): picks its default model when `model` is not given")
 

@@ -48,7 +48,12 @@ from ner_service.engine.spans import Entity, Mention, align_mentions, occurrence
 STRATEGIES = ("padellm", "ar", "fast_dllm")
 #: The token decoder of mention (and AR) answers unless a call names one: copy drafting gives
 #: greedy's tokens (lossless) in fewer forwards, since mentions are copied from the text.
-DEFAULT_BACKEND = "copy"
+DEFAULT_DECODER = "copy"
+
+
+def available_strategies() -> list[str]:
+    """Names of the extraction strategies (how the engine asks the model)."""
+    return list(STRATEGIES)
 #: A mention re-asked within the text's spans is kept when its log-probability per token is at
 #: least this: on zh-resume's dev set (its model card), about 23 % of the answers between -2.0
 #: and -1.6 were right (break-even at its F1), 9 % between -2.4 and -2.0.
@@ -175,21 +180,22 @@ class NEREngine:
         self,
         texts: Sequence[str],
         labels: Sequence[str] | None = None,
-        decoder: str = "padellm",
-        backend: str | Decoder = DEFAULT_BACKEND,
+        strategy: str = "padellm",
+        decoder: str | Decoder = DEFAULT_DECODER,
     ) -> list[Extraction]:
-        """Entities of every text. ``decoder`` is ``padellm`` or ``ar``; ``backend`` a registered
-        decoder's name or a configured :class:`Decoder` (e.g. speculative with its draft model)."""
-        if decoder not in STRATEGIES:
-            raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(STRATEGIES)}")
+        """Entities of every text. ``strategy`` is how the model is asked (``padellm``, ``ar``,
+        ``fast_dllm``); ``decoder`` how its answers' tokens are produced: a registered decoder's
+        name or a configured :class:`Decoder` (e.g. speculative with its draft model)."""
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, not a string")
         wanted = self.check_labels(labels)
-        generator = backend if isinstance(backend, Decoder) else get_decoder(backend)
+        generator = decoder if isinstance(decoder, Decoder) else get_decoder(decoder)
         results: list[Extraction] = []
         for start in range(0, len(texts), self.max_batch_texts):
             batch = list(texts[start:start + self.max_batch_texts])
-            results.extend(self._extract_batch(batch, wanted, decoder, generator))
+            results.extend(self._extract_batch(batch, wanted, strategy, generator))
         return results
 
     # -- one batch -------------------------------------------------------------------------

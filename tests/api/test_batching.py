@@ -46,7 +46,7 @@ def test_requests_with_different_options_are_not_mixed(app_factory: Callable[...
         answer = response.json()
         assert answer["labels"] == body["labels"] and answer["decoder"] == body.get("decoder", "padellm")
         assert answer["results"][0]["stats"]["batch_texts"] == 4
-        expected = tiny_engine.extract([TEXT], labels=body["labels"], decoder=answer["decoder"])[0]
+        expected = tiny_engine.extract([TEXT], labels=body["labels"], strategy=answer["decoder"])[0]
         assert answer["results"][0]["entities"] == [e.to_dict() for e in expected.entities]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from ner_service.engine import DEFAULT_BACKEND, NEREngine, NERModelConfig, shipped_model_names
+from ner_service.engine import DEFAULT_DECODER, NEREngine, NERModelConfig, shipped_model_names
 from ner_service.engine.ner_model import resolve_ner_model
 from tests.api.conftest import TINY
 from tests.conftest import SHIPPED_EN
@@ -22,7 +22,7 @@ def test_one_text_matches_the_engine(client: TestClient, tiny_engine: NEREngine)
     response = client.post("/v1/entities", json={"text": text})
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["model"] == TINY and body["decoder"] == "padellm" and body["backend"] == DEFAULT_BACKEND
+    assert body["model"] == TINY and body["decoder"] == "padellm" and body["backend"] == DEFAULT_DECODER
     assert body["labels"] == tiny_engine.labels
     [result] = body["results"]
     assert result["entities"] == _engine_view(tiny_engine, [text])[0]
@@ -38,7 +38,7 @@ def test_several_texts_keep_their_order_and_options(client: TestClient, tiny_eng
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["labels"] == ["LOC", "PER"] and body["decoder"] == decoder
-    assert [r["entities"] for r in body["results"]] == _engine_view(tiny_engine, TEXTS, labels=["LOC", "PER"], decoder=decoder)
+    assert [r["entities"] for r in body["results"]] == _engine_view(tiny_engine, TEXTS, labels=["LOC", "PER"], strategy=decoder, decoder="greedy")
     assert body["results"][2] == {"entities": [], "stats": body["results"][2]["stats"]}  # the empty text
 
 

@@ -33,7 +33,7 @@ class GazetteerEngine:
         self.ner_model = real_engine.ner_model  # same model version as the real engine
         self.calls = 0
 
-    def extract(self, texts: list[str], decoder: str = "padellm") -> list[_Extraction]:
+    def extract(self, texts: list[str], strategy: str = "padellm") -> list[_Extraction]:
         self.calls += 1
         if any("BOOM" in text for text in texts):
             raise RuntimeError("model error on this text")

@@ -76,4 +76,4 @@ class ModelRegistry:
 
     def extract(self, model: str, texts: list[str], labels: Sequence[str] | None, decoder: str, backend: str) -> list[Extraction]:
         """Run ``engine.extract`` of ``model`` on ``texts``."""
-        return self.engine(model).extract(texts, labels=labels, decoder=decoder, backend=backend)
+        return self.engine(model).extract(texts, labels=labels, strategy=decoder, decoder=backend)
