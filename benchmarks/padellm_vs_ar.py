@@ -6,7 +6,7 @@ by sentence so that machine noise hits them alike:
 * ``ar``: every label's mentions generated in one sequence (the baseline);
 * ``padellm``: prefix encoded once, count and mention queries batched over its KV cache;
 * ``padellm_reencode``: PaDeLLM re-encoding the text for every query (the reference
-  implementation's way).
+  implementation's way: :mod:`benchmarks.reencoding`).
 
 ``--backend`` is the token decoder of PaDeLLM's mention answers, ``--ar-backend`` that of the
 baseline (greedy unless asked: the baseline as the paper runs it).
@@ -26,6 +26,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
+from benchmarks.reencoding import reencoding_padellm  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
 from training.data import read_corpus  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
@@ -51,7 +52,7 @@ def main() -> None:
     engines = {
         "ar": (shared, "ar", args.ar_backend),
         "padellm": (shared, "padellm", args.backend),
-        "padellm_reencode": (NEREngine(shared.ner_model, share_prefix=False), "padellm", args.backend),
+        "padellm_reencode": (shared, reencoding_padellm(shared), args.backend),
     }
     shared.extract([examples[0].text], strategy="padellm")  # warm-up
     latency: dict[str, list[float]] = {v: [] for v in VARIANTS}

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import Cache, PreTrainedModel
+
+from general_decoding.constraints import TokenConstraint
 
 
 @dataclass(frozen=True)
@@ -62,17 +65,38 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-class Decoder(ABC):
-    """A drop-in replacement for greedy decoding.
+@dataclass(frozen=True)
+class DecodeInputs:
+    """What a decoder decodes from, validated by :meth:`Decoder.generate`.
 
     ``input_ids`` holds the tokens not yet in ``past_key_values`` (rows left-padded, so that
     every row's next token is predicted from the last column); ``attention_mask`` covers the
-    cached columns and ``input_ids``. The cache is the decoder's once passed: it is extended in
-    place, and a decoder may drop the rows that finished from it.
-    """
+    cached columns and ``input_ids``; ``context_ids`` (optional) are each row's tokens already
+    in the cache, for decoders that draft from the input; ``constraints`` rule tokens out
+    (:mod:`general_decoding.constraints`)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    past_key_values: Cache | None
+    stop: StopCriteria
+    context_ids: list[list[int]] | None = None
+    constraints: tuple[TokenConstraint, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
+
+
+class Decoder(ABC):
+    """A drop-in replacement for greedy decoding.
+
+    The cache is the decoder's once passed: it is extended in place, and a decoder may drop the
+    rows that finished from it."""
 
     name: str = ""
     supports_batch: bool = True
+    #: :class:`TokenConstraint` s are honoured (every emitted token is the constrained argmax)
+    supports_constraints: bool = False
     #: rows are branches over one shared ``past_key_values`` of batch size 1 (see one_sequence)
     shares_cache: bool = False
 
@@ -84,15 +108,16 @@ class Decoder(ABC):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         context_ids: list[list[int]] | None = None,
+        constraints: Sequence[TokenConstraint] = (),
     ) -> Generation:
-        """Decode greedily-equivalent continuations of every row of ``input_ids``.
-
-        ``context_ids`` (optional) are each row's tokens already in ``past_key_values``,
-        for decoders that draft from the input."""
+        """Decode greedily-equivalent continuations of every row of ``input_ids`` (see
+        :class:`DecodeInputs`), within ``constraints`` when given."""
         if input_ids.ndim != 2 or input_ids.shape[1] == 0:
             raise ValueError("input_ids must be a non-empty [batch, length] tensor of token ids")
         if input_ids.shape[0] > 1 and not self.supports_batch:
             raise ValueError(f"decoder {self.name!r} decodes one sequence at a time; got a batch of {input_ids.shape[0]}")
+        if constraints and not self.supports_constraints:
+            raise ValueError(f"decoder {self.name!r} does not take token constraints")
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if attention_mask is None:
             attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long, device=input_ids.device)
@@ -102,17 +127,10 @@ class Decoder(ABC):
             )
         if context_ids is not None and len(context_ids) != input_ids.shape[0]:
             raise ValueError(f"context_ids has {len(context_ids)} rows, input_ids {input_ids.shape[0]}")
+        inputs = DecodeInputs(input_ids, attention_mask.long(), past_key_values, stop, context_ids, tuple(constraints))
         with torch.inference_mode():
-            return self._generate(model, input_ids, attention_mask.long(), past_key_values, stop, context_ids)
+            return self._generate(model, inputs)
 
     @abstractmethod
-    def _generate(
-        self,
-        model: PreTrainedModel,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        past_key_values: Cache | None,
-        stop: StopCriteria,
-        context_ids: list[list[int]] | None,
-    ) -> Generation:
+    def _generate(self, model: PreTrainedModel, inputs: DecodeInputs) -> Generation:
         """Decoder-specific loop; inputs are already validated."""

@@ -6,21 +6,24 @@ emitted token is exactly the greedy one. Rows of a batch accept different number
 the cache keeps the longest accepted run and the other rows' rejected columns are masked out
 (positions skip masked columns), so no row ever attends to a rejected token.
 
-How many tokens a row drafts is :class:`DraftLength`'s call. A subclass only says what to
-draft (:meth:`DraftVerifyDecoder.propose`) and, if it learns from the verification, what it
-saw (:meth:`DraftVerifyDecoder.observe`).
+What to draft is a :class:`Drafter`'s call (the input text, an n-gram table, Jacobi
+guesses, a draft model), composed with the loop rather than subclassing it, in the manner of
+Hugging Face's candidate generators; how many tokens a row drafts is :class:`DraftLength`'s.
+Token constraints (:mod:`general_decoding.constraints`) apply to every verified column, so a
+constrained answer is drafted and verified within its constraints.
 """
 
 from __future__ import annotations
 
-from abc import abstractmethod
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import Cache, PreTrainedModel
 
-from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
+from general_decoding.base import DecodeInputs, Decoder, Generation, StopCriteria, position_ids_from_mask
+from general_decoding.constraints import TokenConstraint, admissible_draft, choose
 from general_decoding.kv_cache import ReservedCache, keep_first, keep_rows
 
 
@@ -51,27 +54,20 @@ class RowState:
         self.done = len(self.tokens) >= stop.max_new_tokens
 
 
-def prefill(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    cache: Cache,
-    stop: StopCriteria,
-    context_ids: list[list[int]] | None,
-    choose: Callable[[torch.Tensor, list[int], list[RowState], list[list[int]]], torch.Tensor] | None = None,
-) -> list[RowState]:
-    """Run the uncached prompt into ``cache`` and emit each row's first (greedy) token
-    (``choose``: a decoder's :meth:`DraftVerifyDecoder.choose`, when it is not the argmax)."""
+def prefill(model: PreTrainedModel, inputs: DecodeInputs, cache: Cache) -> list[RowState]:
+    """Run the uncached prompt into ``cache`` and emit each row's first token (the greedy one
+    within ``inputs.constraints``)."""
+    input_ids, attention_mask = inputs.input_ids, inputs.attention_mask
     new_columns = attention_mask[:, -input_ids.shape[1]:].bool()
-    contexts = context_ids or [[] for _ in range(input_ids.shape[0])]
+    contexts = inputs.context_ids or [[] for _ in range(input_ids.shape[0])]
     states = [RowState(list(c) + ids[keep].tolist()) for c, ids, keep in zip(contexts, input_ids.cpu(), new_columns.cpu())]
     positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1]:]
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
     logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-    first = logprobs.argmax(-1) if choose is None else choose(logprobs[:, None], list(range(len(states))), states, [[] for _ in states])[:, 0]
+    first = choose(logprobs.clone() if inputs.constraints else logprobs, inputs.constraints, range(len(states)), [[] for _ in states])
     for state, token, lp in zip(states, first.tolist(), logprobs.gather(-1, first[:, None])[:, 0].tolist()):
-        state.emit(token, lp, stop)
+        state.emit(token, lp, inputs.stop)
     return states
 
 
@@ -124,60 +120,75 @@ class DraftLength:
             self.lengths[row] = current
 
 
+class Drafter(ABC):
+    """Proposes the tokens a row is expected to emit next; the decoder verifies them."""
+
+    #: tokens a draft is expected to get accepted before any was verified (:class:`DraftLength`'s
+    #: prior): a drafter measured not to pay starts greedy and probes
+    expected_accepted: float = 1.0
+
+    @abstractmethod
+    def propose(self, row: int, state: RowState, budget: int) -> list[int]:
+        """Up to ``budget`` tokens expected to follow ``state.history`` (may be empty)."""
+
+    def start(self, states: list[RowState]) -> None:
+        """Hook: called once per decoding call before the first draft."""
+
+    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int) -> None:
+        """Hook: the verified predictions after ``[last] + draft`` and how many drafts were accepted."""
+
+    def details(self) -> dict[str, list[int]]:
+        """Hook: drafter-specific counts for :attr:`Generation.details`."""
+        return {}
+
+
 class DraftVerifyDecoder(Decoder):
-    """Greedy-exact decoding that verifies up to ``max_draft`` drafted tokens per forward, the
-    number per row set by :class:`DraftLength`, starting from ``expected_accepted`` tokens
-    accepted per draft.
+    """Greedy-exact decoding that verifies up to ``max_draft`` tokens of ``drafter`` per forward,
+    the number per row set by :class:`DraftLength`, starting from ``expected_accepted`` (the
+    drafter's) tokens accepted per draft.
 
     A verification forward feeds at most ``verify_tokens`` tokens over the batch: drafts are
     cut to fit. A large batch's forward is compute-bound, so drafted tokens would cost their
     full price and most are rejected; it decodes greedily, and drafts start paying as rows
     finish (finished rows leave the batch and the cache). One row drafts up to ``max_draft``."""
 
-    expected_accepted = 1.0
+    supports_constraints = True
     verify_tokens = 24
 
-    def __init__(self, max_draft: int = 8) -> None:
+    def __init__(self, drafter: Drafter, max_draft: int = 8) -> None:
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
+        self.drafter = drafter
         self.max_draft = max_draft
+        self.expected_accepted = drafter.expected_accepted
 
-    @abstractmethod
-    def propose(self, row: int, state: RowState, budget: int) -> list[int]:
-        """Up to ``budget`` tokens expected to follow ``state.history`` (may be empty)."""
+    def _draft(self, row: int, state: RowState, budget: int, constraints: Sequence[TokenConstraint]) -> list[int]:
+        """The drafter's proposal, cut where a constraint would not admit it."""
+        draft = self.drafter.propose(row, state, budget)
+        return admissible_draft(draft, constraints, row, state.tokens) if constraints else draft
 
-    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int) -> None:
-        """Hook: the greedy predictions after ``[last] + draft`` and how many drafts were accepted."""
+    @staticmethod
+    def _choose(logprobs: torch.Tensor, rows: list[int], states: list[RowState], drafts: list[list[int]],
+                constraints: Sequence[TokenConstraint]) -> torch.Tensor:
+        """The token each row emits after ``[last] + draft[:j]`` for every column j of ``logprobs``
+        ([rows, columns, vocabulary]): the most probable one within ``constraints``."""
+        if not constraints:
+            return logprobs.argmax(-1)
+        columns = logprobs.shape[1]
+        flat = logprobs.reshape(-1, logprobs.shape[-1]).clone()
+        positions = [(row, state.tokens + draft[:j]) for row, state, draft in zip(rows, states, drafts) for j in range(columns)]
+        chosen = choose(flat, constraints, [row for row, _ in positions], [output for _, output in positions])
+        return chosen.reshape(len(rows), columns)
 
-    def start(self, states: list[RowState]) -> None:
-        """Hook: called once per :meth:`generate` before the first draft."""
-
-    def details(self) -> dict[str, list[int]]:
-        """Hook: decoder-specific counts for :attr:`Generation.details`."""
-        return {}
-
-    def choose(self, logprobs: torch.Tensor, rows: list[int], states: list[RowState], drafts: list[list[int]]) -> torch.Tensor:
-        """The token each row emits after ``[last] + draft[:j]`` for every column j of
-        ``logprobs`` ([rows, columns, vocabulary]; row i is the batch's row ``rows[i]``, with
-        ``states[i]`` and ``drafts[i]``): the most probable one (greedy)."""
-        return logprobs.argmax(-1)
-
-    def _generate(
-        self,
-        model: PreTrainedModel,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        past_key_values: Cache | None,
-        stop: StopCriteria,
-        context_ids: list[list[int]] | None,
-    ) -> Generation:
-        cache = past_key_values if past_key_values is not None else ReservedCache()
-        states = prefill(model, input_ids, attention_mask, cache, stop, context_ids, self.choose)
-        self.start(states)
+    def _generate(self, model: PreTrainedModel, inputs: DecodeInputs) -> Generation:
+        stop, constraints, device = inputs.stop, inputs.constraints, inputs.input_ids.device
+        cache = inputs.past_key_values if inputs.past_key_values is not None else ReservedCache()
+        states = prefill(model, inputs, cache)
+        self.drafter.start(states)
         lengths = DraftLength(len(states), self.max_draft, prior=self.expected_accepted)
         forwards, accepted_per_pass = 1, [len(states)]
         live = list(range(len(states)))  # the batch's rows still decoding, in cache order
-        mask = attention_mask
+        mask = inputs.attention_mask
         while True:
             going = [i for i, r in enumerate(live) if not states[r].done]
             if not going:
@@ -186,10 +197,10 @@ class DraftVerifyDecoder(Decoder):
                 keep_rows(cache, torch.tensor(going, device=mask.device))
                 live, mask = [live[i] for i in going], mask[going]
             room = max(self.verify_tokens // len(live) - 1, 0)
-            drafts = [self.propose(r, states[r], budget) if (budget := min(lengths.budget(r), room, stop.max_new_tokens - len(states[r].tokens))) > 0
-                      else [] for r in live]
+            drafts = [self._draft(r, states[r], budget, constraints)
+                      if (budget := min(lengths.budget(r), room, stop.max_new_tokens - len(states[r].tokens))) > 0 else [] for r in live]
             width = max(len(d) for d in drafts)
-            ids = torch.tensor([[states[r].tokens[-1]] + d + [0] * (width - len(d)) for r, d in zip(live, drafts)], device=input_ids.device)
+            ids = torch.tensor([[states[r].tokens[-1]] + d + [0] * (width - len(d)) for r, d in zip(live, drafts)], device=device)
             full_mask = torch.cat([mask, torch.ones_like(mask[:, :1]).expand(-1, width + 1)], dim=1)
             positions = mask.sum(-1, keepdim=True) + torch.arange(width + 1, device=mask.device)
             past = cache.get_seq_length()
@@ -197,7 +208,7 @@ class DraftVerifyDecoder(Decoder):
                            past_key_values=cache, use_cache=True).logits
             forwards += 1
             logprobs = torch.log_softmax(logits.float(), dim=-1)
-            predictions = self.choose(logprobs, live, [states[r] for r in live], drafts)
+            predictions = self._choose(logprobs, live, [states[r] for r in live], drafts, constraints)
             chosen = logprobs.gather(-1, predictions[..., None])[..., 0]
             kept = []
             emitted_now = 0
@@ -206,7 +217,7 @@ class DraftVerifyDecoder(Decoder):
                 accepted = 0
                 while accepted < len(draft) and draft[accepted] == row_pred[accepted]:
                     accepted += 1
-                self.observe(r, state, row_pred, accepted)
+                self.drafter.observe(r, state, row_pred, accepted)
                 lengths.update(r, len(draft), accepted)
                 row_lp = chosen[i].tolist()
                 before = len(state.tokens) + int(state.stopped)
@@ -222,7 +233,7 @@ class DraftVerifyDecoder(Decoder):
             valid = torch.arange(keep, device=mask.device)[None, :] < torch.tensor(kept, device=mask.device)[:, None]
             mask = torch.cat([mask, valid.long()], dim=1)
         return Generation([s.tokens for s in states], [s.logprobs for s in states], [s.score for s in states],
-                          [s.stopped for s in states], forwards, accepted_per_pass, self.details())
+                          [s.stopped for s in states], forwards, accepted_per_pass, self.drafter.details())
 
 
 def longest_suffix_match(history: list[int], source: list[int], max_n: int, min_n: int = 1) -> int | None:

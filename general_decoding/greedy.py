@@ -3,28 +3,25 @@
 from __future__ import annotations
 
 import torch
-from transformers import Cache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
+from general_decoding.base import DecodeInputs, Decoder, Generation, position_ids_from_mask
+from general_decoding.constraints import choose
 from general_decoding.kv_cache import ReservedCache, keep_rows
 from general_decoding.registry import register_decoder
 
 
 @register_decoder("greedy")
 class GreedyDecoder(Decoder):
-    """One token per row per forward pass; a row that stops leaves the batch and the cache."""
+    """One token per row per forward pass (the most probable one within the constraints); a row
+    that stops leaves the batch and the cache."""
 
-    def _generate(
-        self,
-        model: PreTrainedModel,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        past_key_values: Cache | None,
-        stop: StopCriteria,
-        context_ids: list[list[int]] | None,
-    ) -> Generation:
+    supports_constraints = True
+
+    def _generate(self, model: PreTrainedModel, inputs: DecodeInputs) -> Generation:
+        input_ids, attention_mask, stop, constraints = inputs.input_ids, inputs.attention_mask, inputs.stop, inputs.constraints
         batch = input_ids.shape[0]
-        cache = past_key_values if past_key_values is not None else ReservedCache()
+        cache = inputs.past_key_values if inputs.past_key_values is not None else ReservedCache()
         positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1]:]
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
@@ -46,7 +43,7 @@ class GreedyDecoder(Decoder):
             )
             forwards += 1
             step_logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-            next_ids = self.choose(step_logprobs, rows, tokens)
+            next_ids = choose(step_logprobs.clone() if constraints else step_logprobs, constraints, rows, [tokens[r] for r in rows])
             next_lp = step_logprobs.gather(-1, next_ids[:, None])[:, 0]
             is_stop = torch.isin(next_ids, stop_ids).tolist()
             done = []
@@ -70,8 +67,3 @@ class GreedyDecoder(Decoder):
             attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
             positions = positions[:, -1:] + 1
         return Generation(tokens, logprobs, scores, stopped, forwards, accepted)
-
-    def choose(self, step_logprobs: torch.Tensor, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
-        """The next token of each row still decoding (``rows[i]`` is row i's index in the batch,
-        ``tokens`` what every row emitted so far): the most probable one."""
-        return step_logprobs.argmax(-1)

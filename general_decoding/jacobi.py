@@ -11,20 +11,19 @@ bounds how many guesses a forward holds; while they keep failing, the steps are 
 
 from __future__ import annotations
 
-from general_decoding.draft_verify import DraftVerifyDecoder, RowState
+from general_decoding.draft_verify import Drafter, DraftVerifyDecoder, RowState
 from general_decoding.registry import register_decoder
 
 
-@register_decoder("jacobi")
-class JacobiDecoder(DraftVerifyDecoder):
-    """Fixed-point iteration over the whole output (``block_size=None``) or over blocks."""
+class JacobiDrafter(Drafter):
+    """Fixed-point iteration over the whole output (``block_size=None``) or over blocks: each
+    row's guesses are the previous forward's predictions."""
 
     # untrained Jacobi guesses rarely hold (about 1.05 tokens per forward on the shipped model,
     # below DraftLength's break-even): start greedy and probe
     expected_accepted = 0.05
 
-    def __init__(self, block_size: int | None = None, max_draft: int = 32) -> None:
-        super().__init__(max_draft)
+    def __init__(self, block_size: int | None = None) -> None:
         if block_size is not None and block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -55,9 +54,13 @@ class JacobiDecoder(DraftVerifyDecoder):
         return {"iterations_per_block": [n for row in self._iterations for n in row if n]}
 
 
-@register_decoder("gs_jacobi")
-class GaussSeidelJacobiDecoder(JacobiDecoder):
-    """Jacobi inside blocks of ``block_size`` tokens, blocks decoded one after the other."""
+@register_decoder("jacobi")
+def jacobi_decoder(block_size: int | None = None, max_draft: int = 32) -> DraftVerifyDecoder:
+    """Jacobi decoding: draft-and-verify with :class:`JacobiDrafter` over the whole output."""
+    return DraftVerifyDecoder(JacobiDrafter(block_size), max_draft)
 
-    def __init__(self, block_size: int = 8, max_draft: int = 32) -> None:
-        super().__init__(block_size=block_size, max_draft=max_draft)
+
+@register_decoder("gs_jacobi")
+def gauss_seidel_jacobi_decoder(block_size: int = 8, max_draft: int = 32) -> DraftVerifyDecoder:
+    """Jacobi inside blocks of ``block_size`` tokens, blocks decoded one after the other."""
+    return DraftVerifyDecoder(JacobiDrafter(block_size), max_draft)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers import Cache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from general_decoding.base import Decoder, Generation, StopCriteria, position_ids_from_mask
+from general_decoding.base import DecodeInputs, Decoder, Generation, position_ids_from_mask
 from general_decoding.draft_verify import prefill
 from general_decoding.kv_cache import ReservedCache, keep_first
 from general_decoding.registry import register_decoder
@@ -54,23 +54,15 @@ class LexicalUnitDecoder(Decoder):
             raise ValueError(f"unit_size must be >= 2, got {unit_size}")
         self.unit_size, self.threshold, self.placeholder_id = unit_size, threshold, placeholder_id
 
-    def _generate(
-        self,
-        model: PreTrainedModel,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        past_key_values: Cache | None,
-        stop: StopCriteria,
-        context_ids: list[list[int]] | None,
-    ) -> Generation:
+    def _generate(self, model: PreTrainedModel, inputs: DecodeInputs) -> Generation:
         placeholder = self.placeholder_id if self.placeholder_id is not None else placeholder_id_of(model)
         placeholders = self.unit_size - 1
-        device = input_ids.device
-        cache = past_key_values if past_key_values is not None else ReservedCache()
-        states = prefill(model, input_ids, attention_mask, cache, stop, context_ids)
+        device, stop = inputs.input_ids.device, inputs.stop
+        cache = inputs.past_key_values if inputs.past_key_values is not None else ReservedCache()
+        states = prefill(model, inputs, cache)
         pending = [[s.tokens[-1]] if not s.done else [] for s in states]  # emitted, not yet cached
         forwards, accepted_per_pass = 1, [len(states)]
-        mask = attention_mask
+        mask = inputs.attention_mask
         while not all(s.done for s in states):
             width = max(len(p) for p in pending)
             ids = torch.tensor([[0] * (width - len(p)) + p + [placeholder] * placeholders for p in pending], device=device)

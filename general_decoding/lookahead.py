@@ -13,9 +13,9 @@ mean), a step feeds the last token alone, a greedy step, with a full step every 
 from __future__ import annotations
 
 import torch
-from transformers import Cache, DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
-from general_decoding.base import Decoder, Generation, StopCriteria
+from general_decoding.base import DecodeInputs, Decoder, Generation
 from general_decoding.draft_verify import DraftLength, prefill
 from general_decoding.kv_cache import keep_columns
 from general_decoding.registry import register_decoder
@@ -36,22 +36,14 @@ class LookaheadDecoder(Decoder):
             raise ValueError("window >= 1, ngram >= 2 and candidates >= 1 are required")
         self.window, self.ngram, self.candidates = window, ngram, candidates
 
-    def _generate(
-        self,
-        model: PreTrainedModel,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        past_key_values: Cache | None,
-        stop: StopCriteria,
-        context_ids: list[list[int]] | None,
-    ) -> Generation:
-        device = input_ids.device
-        cache = past_key_values if past_key_values is not None else DynamicCache()
-        (state,) = prefill(model, input_ids, attention_mask, cache, stop, context_ids)
+    def _generate(self, model: PreTrainedModel, inputs: DecodeInputs) -> Generation:
+        device, stop = inputs.input_ids.device, inputs.stop
+        cache = inputs.past_key_values if inputs.past_key_values is not None else DynamicCache()
+        (state,) = prefill(model, inputs, cache)
         forwards, accepted_per_pass = 1, [1]
         pool: dict[int, list[tuple[int, ...]]] = {}
         guesses = (state.history[-self.window:] * self.window)[: self.window]  # any start works
-        mask = attention_mask
+        mask = inputs.attention_mask
         dtype = next(model.parameters()).dtype
         gram_tail = self.ngram - 1  # tokens a verified n-gram may add
         schedule = DraftLength(1, most=gram_tail, start=gram_tail, least=gram_tail, prior=self.expected_accepted, probe_every=16)

@@ -7,7 +7,7 @@ up to ``max_draft`` tokens that one forward verifies. The table adapts as tokens
 
 from __future__ import annotations
 
-from general_decoding.draft_verify import DraftVerifyDecoder, RowState
+from general_decoding.draft_verify import Drafter, DraftVerifyDecoder, RowState
 from general_decoding.registry import register_decoder
 
 
@@ -36,12 +36,10 @@ class NGramTable:
         return None
 
 
-@register_decoder("anpd")
-class ANPDDecoder(DraftVerifyDecoder):
-    """Drafts by chaining the adaptive multi-level n-gram table."""
+class NGramDrafter(Drafter):
+    """Drafts by chaining the adaptive multi-level n-gram table (one per row)."""
 
-    def __init__(self, max_n: int = 4, max_draft: int = 8) -> None:
-        super().__init__(max_draft)
+    def __init__(self, max_n: int = 4) -> None:
         if max_n < 2:
             raise ValueError(f"max_n must be >= 2, got {max_n}")
         self.max_n = max_n
@@ -61,3 +59,9 @@ class ANPDDecoder(DraftVerifyDecoder):
                 break
             draft.append(token)
         return draft
+
+
+@register_decoder("anpd")
+def anpd_decoder(max_n: int = 4, max_draft: int = 8) -> DraftVerifyDecoder:
+    """Draft-and-verify with :class:`NGramDrafter` (ANPD)."""
+    return DraftVerifyDecoder(NGramDrafter(max_n), max_draft)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
-from general_decoding.base import Decoder, Generation, StopCriteria
+from general_decoding.base import DecodeInputs, Decoder, Generation
 from general_decoding.registry import register_decoder
 from general_decoding.tree_attention import ancestor_mask, build_trie, join_tries
 
@@ -56,18 +56,11 @@ class OneSequenceDecoder(Decoder):
 
     shares_cache = True
 
-    def _generate(
-        self,
-        model: PreTrainedModel,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        past_key_values: Cache | None,
-        stop: StopCriteria,
-        context_ids: list[list[int]] | None,
-    ) -> Generation:
+    def _generate(self, model: PreTrainedModel, inputs: DecodeInputs) -> Generation:
+        input_ids, attention_mask, stop = inputs.input_ids, inputs.attention_mask, inputs.stop
         device = input_ids.device
         rows = input_ids.shape[0]
-        cache = past_key_values if past_key_values is not None else DynamicCache()
+        cache = inputs.past_key_values if inputs.past_key_values is not None else DynamicCache()
         past = cache.get_seq_length()
         if past and cache.layers[0].keys.shape[0] != 1:
             raise ValueError(f"decoder {self.name!r} shares one cache of batch size 1; got {cache.layers[0].keys.shape[0]} rows")

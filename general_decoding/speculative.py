@@ -10,23 +10,15 @@ import torch
 from transformers import PreTrainedModel
 
 from general_decoding.base import StopCriteria
-from general_decoding.draft_verify import DraftVerifyDecoder, RowState
+from general_decoding.draft_verify import Drafter, DraftVerifyDecoder, RowState
 from general_decoding.greedy import GreedyDecoder
 from general_decoding.registry import register_decoder
 
 
-@register_decoder("speculative")
-class SpeculativeDecoder(DraftVerifyDecoder):
-    """Drafts with ``draft_model`` (a model, or a folder / alias loaded like any model)."""
+class ModelDrafter(Drafter):
+    """Drafts with a loaded ``draft_model``'s greedy continuation of the row's history."""
 
-    def __init__(self, draft_model: PreTrainedModel | str | None = None, max_draft: int = 4) -> None:
-        super().__init__(max_draft)
-        if draft_model is None:
-            raise ValueError("speculative decoding needs a draft model: get_decoder('speculative', draft_model=...)")
-        if isinstance(draft_model, str):
-            from ner_service.engine.model_loading import load_causal_lm
-
-            draft_model = load_causal_lm(draft_model)[0]
+    def __init__(self, draft_model: PreTrainedModel) -> None:
         self.draft_model = draft_model
         self._greedy = GreedyDecoder()
 
@@ -34,3 +26,11 @@ class SpeculativeDecoder(DraftVerifyDecoder):
         ids = torch.tensor([state.history], device=self.draft_model.device)
         stop = StopCriteria(budget, frozenset())
         return self._greedy.generate(self.draft_model, ids, stop).tokens[0]
+
+
+@register_decoder("speculative")
+def speculative_decoder(draft_model: PreTrainedModel | None = None, max_draft: int = 4) -> DraftVerifyDecoder:
+    """Draft-and-verify with :class:`ModelDrafter` (``draft_model``: a loaded causal LM)."""
+    if draft_model is None:
+        raise ValueError("speculative decoding needs a draft model: get_decoder('speculative', draft_model=a_loaded_model)")
+    return DraftVerifyDecoder(ModelDrafter(draft_model), max_draft)

@@ -62,10 +62,10 @@ def test_shipped_zh_tokenizer_round_trips_a_resume_sentence(zh_engine: NEREngine
     assert len(ids) == len(RESUME_TEXT) and tokenizer.decode(ids) == RESUME_TEXT
 
 
-@pytest.mark.parametrize("decoder", ["padellm", "ar"])
-def test_zh_model_by_name_finds_resume_entities_at_exact_character_offsets(zh_engine: NEREngine, decoder: str) -> None:
+@pytest.mark.parametrize("strategy", ["padellm", "ar"])
+def test_zh_model_by_name_finds_resume_entities_at_exact_character_offsets(zh_engine: NEREngine, strategy: str) -> None:
     assert zh_engine.ner_model.config.language == "zh"
-    (result,) = zh_engine.extract([RESUME_TEXT], strategy=decoder)
+    (result,) = zh_engine.extract([RESUME_TEXT], strategy=strategy)
     found = {(e.start, e.end, e.label) for e in result.entities}
     for entity in result.entities:
         assert RESUME_TEXT[entity.start:entity.end] == entity.text
@@ -90,13 +90,12 @@ def test_a_company_the_model_rewrites_is_recovered_within_the_texts_spans(zh_eng
 
 
 def test_constrained_copy_drafting_answers_as_constrained_greedy(zh_engine: NEREngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    from general_decoding.constrained import ConstrainedGreedyDecoder
-    from ner_service.engine import engine as engine_module
+    from ner_service.engine.strategies import repairs
 
     texts = ["1986年至1997年，在甘肃省畜产公司工作；", "2013年4月至今任云南罗平锌电股份有限公司董事。",
              "1964年4月出生，中国国籍，无境外居留权，美国亚利桑那州立大学凯瑞商学院工商管理硕士。"]
     drafted = zh_engine.extract(texts)
-    monkeypatch.setattr(engine_module, "ConstrainedCopyDecoder", ConstrainedGreedyDecoder)
+    monkeypatch.setattr(repairs, "CONSTRAINED_DECODER", "greedy")
     reference = zh_engine.extract(texts)
     assert [[(e.start, e.end, e.label) for e in r.entities] for r in drafted] == [[(e.start, e.end, e.label) for e in r.entities] for r in reference]
     assert sum(r.stats.forward_passes for r in drafted) < sum(r.stats.forward_passes for r in reference)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from general_decoding import StopCriteria, UnknownDecoderError, get_decoder
-from general_decoding.constrained import ConstrainedCopyDecoder, ConstrainedGreedyDecoder, TokenTrie
+from general_decoding import StopCriteria, UnknownDecoderError, get_decoder, left_pad
+from general_decoding.constraints import BannedFirstToken, TokenBias, TokenTrie, TrieConstraint, admissible_draft, choose, continued
 from general_decoding.draft_verify import DraftLength
 from general_decoding.kv_cache import RESERVED_COLUMNS, cache_bytes, keep_first, keep_rows, select_rows
 from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, collate_trees, pack_branches, pack_rows
@@ -196,7 +196,7 @@ def test_a_decoder_whose_drafts_miss_costs_about_a_greedy_step_per_token(tiny_en
     assert sum(w == 1 for w in widths[1:]) >= len(widths[1:]) // 2
 
 
-def test_constrained_decoders_stay_within_each_rows_trie_and_are_greedy_without_one(tiny_engine) -> None:
+def test_trie_constrained_decoding_stays_within_each_rows_trie_and_is_greedy_without_one(tiny_engine) -> None:
     model, tokenizer, eos = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer, tiny_engine.ner_model.eos_token_id
     ids = _ids(tiny_engine, PROMPTS[1])
     stop = StopCriteria(24, frozenset({eos}))
@@ -205,15 +205,57 @@ def test_constrained_decoders_stay_within_each_rows_trie_and_are_greedy_without_
     answers = [tokenizer(" Peter Blackburn", add_special_tokens=False).input_ids, tokenizer(" John", add_special_tokens=False).input_ids]
     assert free.tokens[0] not in answers
     trie = TokenTrie(answer + [eos] for answer in answers)
-    constrained = ConstrainedGreedyDecoder([trie]).generate(model, ids, stop)
+    constrained = get_decoder("greedy").generate(model, ids, stop, constraints=[TrieConstraint([trie])])
     assert constrained.tokens[0] in answers and constrained.stopped[0]
     answer = constrained.tokens[0] + [eos]
     with torch.no_grad():
         logprobs = torch.log_softmax(model(torch.cat([ids, torch.tensor([answer[:-1]])], 1)).logits[0, -len(answer):], -1)
     expected = sum(float(lp[t]) for lp, t in zip(logprobs, answer))
     assert constrained.scores[0] == pytest.approx(expected, abs=1e-3)  # the model's own log-probabilities
-    assert ConstrainedGreedyDecoder([None]).generate(model, ids, stop).tokens == free.tokens
-    drafted = ConstrainedCopyDecoder([trie]).generate(model, ids, stop)  # the answer is in the prompt: copied
+    assert get_decoder("greedy").generate(model, ids, stop, constraints=[TrieConstraint([None])]).tokens == free.tokens
+    drafted = get_decoder("copy").generate(model, ids, stop, constraints=[TrieConstraint([trie])])  # the answer is in the prompt: copied
     assert drafted.tokens == constrained.tokens and drafted.forward_passes < constrained.forward_passes
     assert drafted.scores[0] == pytest.approx(constrained.scores[0], abs=1e-3)
     assert trie.follow(answers[1]) is not None and trie.follow(answers[1] + answers[1]) is None
+
+
+@pytest.mark.parametrize("name", ["copy", "anpd", "jacobi"])
+def test_constraints_compose_with_drafting_decoders_as_with_greedy(tiny_engine, name: str) -> None:
+    """A banned first token and a trie give the same tokens and scores under greedy and under
+    every drafter, in a left-padded batch; drafts never leave the trie."""
+    model, tokenizer, eos = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer, tiny_engine.ner_model.eos_token_id
+    rows = [tokenizer(p).input_ids for p in PROMPTS[:2]]
+    ids, mask = left_pad(rows, eos)
+    stop = StopCriteria(16, frozenset({eos}))
+    free = get_decoder("greedy").generate(model, ids, stop, attention_mask=mask)
+    answers = [tokenizer(" Peter Blackburn", add_special_tokens=False).input_ids, tokenizer(" EU", add_special_tokens=False).input_ids]
+    trie = TokenTrie(answer + [eos] for answer in answers)
+    constraints = [BannedFirstToken([free.tokens[0][0] if free.tokens[0] else None, answers[0][0]]), TrieConstraint([None, trie])]
+    expected = get_decoder("greedy").generate(model, ids, stop, attention_mask=mask, constraints=constraints)
+    assert expected.tokens[0][:1] != free.tokens[0][:1]  # the free row's first token was banned
+    assert expected.tokens[1] == answers[1] and expected.stopped[1]  # the trie's other answer, then the end
+    decoder = get_decoder(name)
+    decoder.expected_accepted = 1.0  # draft from the first step
+    got = decoder.generate(model, ids, stop, attention_mask=mask, constraints=constraints)
+    assert got.tokens == expected.tokens and got.stopped == expected.stopped
+    assert got.scores == pytest.approx(expected.scores, abs=1e-3)
+
+
+def test_token_bias_and_continued_constraints(tiny_engine) -> None:
+    logprobs = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.5, 0.0]]), -1)
+    assert choose(logprobs.clone(), [TokenBias({2: 2.0})], [0], [[]]).item() == 2
+    banned = BannedFirstToken([0])
+    assert choose(logprobs.clone(), [banned], [0], [[]]).item() == 1
+    assert choose(logprobs.clone(), [banned], [0], [[3]]).item() == 0  # only a first token is banned
+    assert continued([banned], [0], [[3]]) == ()  # an answer that began is free of it
+    trie = TrieConstraint([TokenTrie([[3, 2, 1]])])
+    (after,) = continued([trie], [0], [[3]])
+    assert choose(logprobs.clone(), [after], [0], [[]]).item() == 2  # row 0 continues its trie after 3
+    assert admissible_draft([2, 0, 1], [after], 0, []) == [2]  # 0 may not follow 3, 2
+
+
+def test_a_decoder_without_constraint_support_refuses_constraints(tiny_engine) -> None:
+    model, eos = tiny_engine.ner_model.model, tiny_engine.ner_model.eos_token_id
+    with pytest.raises(ValueError, match="does not take token constraints"):
+        get_decoder("lookahead").generate(model, _ids(tiny_engine, PROMPTS[0]), StopCriteria(4, frozenset({eos})),
+                                          constraints=[BannedFirstToken([eos])])

@@ -22,7 +22,7 @@ from general_decoding.diffusion import (
     llada_sampler,
 )
 from ner_service.engine import NEREngine, prompts
-from ner_service.engine.diffusion import NotADiffusionModelError
+from ner_service.engine import UnsupportedStrategyError
 from training.data import Example, Span
 
 TEXTS = [
@@ -220,7 +220,7 @@ def test_engine_decoder_fast_dllm_returns_aligned_entities(diffusion_engine: NER
 
 
 def test_fast_dllm_refuses_a_model_without_a_mask_token(tiny_engine: NEREngine) -> None:
-    with pytest.raises(NotADiffusionModelError):
+    with pytest.raises(UnsupportedStrategyError, match="not a masked-diffusion model"):
         tiny_engine.extract(TEXTS[:1], strategy="fast_dllm")
 
 

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 SENTENCE_END = re.compile(r"(?<=[.!?。！？；;])\s*|\n+")
 SPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class Window:
+    """``text`` is ``texts[text_index][offset:offset + len(text)]``: one window of one text."""
+
+    text_index: int
+    offset: int
+    text: str
+
+
+def windows_of(texts: Sequence[str], count_tokens: Callable[[str], int], max_tokens: int) -> list[Window]:
+    """Every text's windows (:func:`chunk_spans`) in order; a blank text has none."""
+    return [Window(index, start, text[start:end]) for index, text in enumerate(texts) if text.strip()
+            for start, end in chunk_spans(text, count_tokens, max_tokens)]
 
 
 def _pieces(text: str, start: int, end: int, pattern: re.Pattern[str]) -> list[tuple[int, int]]:

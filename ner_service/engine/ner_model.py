@@ -150,4 +150,19 @@ class NERModel:
 
     @property
     def eos_token_id(self) -> int:
+        """The end token every answer ends with."""
         return int(self.tokenizer.eos_token_id)
+
+    @property
+    def pad_token_id(self) -> int:
+        """The token left padding is made of (the end token when the tokenizer has no pad)."""
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_id
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """The tokens an answer stops at."""
+        return frozenset({self.eos_token_id})
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device

@@ -9,12 +9,19 @@ A text is encoded once as a prefix. Label-wise queries branch from it:
   mention in reading order, e.g. ``"\\nPER: John Smith\\nLOC: Paris"``.
 
 Every answer ends with the tokenizer's end-of-sequence token. Prefix, query and answer are
-tokenised separately and concatenated, at training and at inference alike.
+tokenised separately and concatenated, at training and at inference alike
+(:func:`prefix_ids`, :func:`query_ids`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 PROMPT_VERSION = 1
 AR_LINE = re.compile(r"^(?P<label>[^:\n]+): (?P<mention>.+)$")
@@ -72,3 +79,51 @@ def parse_ar_line(line: str) -> tuple[str, str] | None:
     if match is None or not match["mention"].strip():
         return None
     return match["label"].strip(), match["mention"].strip()
+
+
+def prefix_ids(tokenizer: "PreTrainedTokenizerBase", text: str) -> list[int]:
+    """Token ids of :func:`prefix` (with the tokenizer's special tokens, e.g. a BOS)."""
+    return tokenizer(prefix(text)).input_ids
+
+
+def query_ids(tokenizer: "PreTrainedTokenizerBase", query: str) -> list[int]:
+    """Token ids of a query or an answer (no special tokens: it continues a prefix)."""
+    return tokenizer(query, add_special_tokens=False).input_ids
+
+
+def ar_prompt_ids(tokenizer: "PreTrainedTokenizerBase", text: str) -> list[int]:
+    """The whole prompt of the all-entities query (AR baseline, diffusion)."""
+    return prefix_ids(tokenizer, text) + query_ids(tokenizer, ar_query())
+
+
+@dataclass(frozen=True)
+class ARLine:
+    """One mention of an all-entities answer: its label as written, the mention, and the
+    log-probability of its line's tokens."""
+
+    label: str
+    mention: str
+    logprob: float
+
+
+def parse_ar_answer(tokenizer: "PreTrainedTokenizerBase", tokens: Sequence[int], logprobs: Sequence[float]) -> list[ARLine]:
+    """Split an all-entities answer (:func:`ar_answer`) into its lines; malformed lines are dropped.
+    A line's log-probability sums its tokens up to the one holding its newline."""
+    groups: list[tuple[list[int], float]] = []
+    group: list[int] = []
+    group_lp = 0.0
+    for token, logprob in zip(tokens, logprobs):
+        group.append(token)
+        group_lp += logprob
+        if "\n" in tokenizer.decode([token], skip_special_tokens=True):
+            groups.append((group, group_lp))
+            group, group_lp = [], 0.0
+    groups.append((group, group_lp))
+    parsed, carry = [], ""
+    for group, logprob in groups:
+        head, _, tail = (carry + tokenizer.decode(group, skip_special_tokens=True)).partition("\n")
+        carry = tail
+        pair = parse_ar_line(head)
+        if pair is not None:
+            parsed.append(ARLine(pair[0], pair[1], logprob))
+    return parsed

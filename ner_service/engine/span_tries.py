@@ -1,5 +1,5 @@
 """The answers a mention query may give when it must copy the text: every span of whole units,
-as a token trie per text (for constrained decoding, :mod:`general_decoding.constrained`)."""
+as a token trie per text (for constrained decoding, :mod:`general_decoding.constraints`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from general_decoding.constrained import TokenTrie
+from general_decoding.constraints import TokenTrie
 from ner_service.engine import prompts
 
 #: A unit: one CJK character, a run of other word characters, or one punctuation mark.

@@ -1,0 +1,63 @@
+"""The re-encoding reference of PaDeLLM: every query re-encodes its window's text, as the
+paper's reference implementation does (no prefix cache, no branches).
+
+It plugs into the engine's PaDeLLM strategy as its query runner, so the benchmark and the tests
+compare the same strategy with and without the shared prefix:
+``engine.extract(texts, strategy=reencoding_padellm(engine))``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from general_decoding import Decoder, Generation, StopCriteria, TokenConstraint, get_decoder, left_pad
+from general_decoding.base import position_ids_from_mask
+from ner_service.engine import NEREngine, prompts
+from ner_service.engine.chunking import Window
+from ner_service.engine.decoding import GroupInputs, batches, count_generation, decode_groups
+from ner_service.engine.ner_model import NERModel
+from ner_service.engine.queries import Branch, count_query_ids
+from ner_service.engine.results import ExtractionStats
+from ner_service.engine.strategies.padellm import PaDeLLM
+
+
+class ReencodingRunner:
+    """A query runner that feeds each query behind its window's whole prefix, from scratch."""
+
+    def __init__(self, ner_model: NERModel, windows: list[Window], one_row: bool = False) -> None:
+        self.ner_model = ner_model
+        self.prefixes = [prompts.prefix_ids(ner_model.tokenizer, w.text) for w in windows]
+
+    def count_logits(self, labels: list[str], stats: ExtractionStats) -> torch.Tensor:
+        queries = [count_query_ids(self.ner_model, label) for label in labels]
+        ids, mask = left_pad([p + q for p in self.prefixes for q in queries], self.ner_model.pad_token_id)
+        device = self.ner_model.device
+        with torch.inference_mode():
+            logits = self.ner_model.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                          position_ids=position_ids_from_mask(mask).to(device), logits_to_keep=1).logits[:, -1]
+        stats.forward_passes += 1
+        return logits
+
+    def decode(self, branches: list[Branch], decoder: Decoder, max_new_tokens: int, stats: ExtractionStats,
+               constraints: Sequence[TokenConstraint] = ()) -> Generation:
+        """Each branch re-encoded behind its prefix; a decoder that cannot take the constraints
+        (or shares a cache) hands constrained branches to greedy."""
+        if constraints and not decoder.supports_constraints:
+            decoder = get_decoder("greedy")
+        stop = StopCriteria(max_new_tokens, self.ner_model.stop_token_ids)
+        rows = [self.prefixes[b.window] + b.tokens for b in branches]
+
+        def inputs(group: list[int]) -> GroupInputs:
+            ids, mask = left_pad([rows[r] for r in group], self.ner_model.pad_token_id)
+            return GroupInputs(ids, mask)
+
+        out = decode_groups(self.ner_model, decoder, batches(decoder, list(range(len(rows)))), len(rows), stop, inputs, [], stats, constraints)
+        count_generation(stats, out)
+        return out
+
+
+def reencoding_padellm(engine: NEREngine) -> PaDeLLM:
+    """The engine's PaDeLLM strategy (same settings) with every query re-encoded."""
+    return PaDeLLM(engine.ner_model, engine.strategy_options(), runner=ReencodingRunner)

@@ -1,0 +1,34 @@
+"""What the engine returns: a text's entities and the cost of the batch it was processed in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ner_service.engine.spans import Entity
+
+
+@dataclass
+class ExtractionStats:
+    """Cost of the batch a text was processed in (shared by the texts of that batch)."""
+
+    forward_passes: int = 0
+    generated_tokens: int = 0
+    unmatched_mentions: int = 0
+    latency_ms: float = 0.0
+    batch_texts: int = 0
+    kv_cache_bytes: int = 0  # peak bytes of KV cache held while decoding (PaDeLLM's branches)
+
+    def to_dict(self) -> dict[str, float | int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Extraction:
+    """Entities of one text."""
+
+    text: str
+    entities: list[Entity]
+    stats: ExtractionStats = field(default_factory=ExtractionStats)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"entities": [e.to_dict() for e in self.entities], "stats": self.stats.to_dict()}

@@ -1,0 +1,51 @@
+"""What every extraction strategy is: how the engine asks the model for a batch's mentions."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from general_decoding import Decoder
+from ner_service.engine.chunking import Window
+from ner_service.engine.ner_model import NERModel, NERModelConfig
+from ner_service.engine.results import ExtractionStats
+from ner_service.engine.spans import Mention
+
+if TYPE_CHECKING:
+    from general_decoding.diffusion import BlockDiffusionSampler
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """The engine's settings that strategies read, resolved against the model's defaults.
+
+    ``count_bias`` favours larger counts (PaDeLLM: a count's first digit d gets ``d *
+    count_bias`` added to its log-probability); ``repair_duplicates`` re-asks a mention answered
+    more often than the text holds it; ``repair_unaligned`` re-asks one that is not in the text
+    at all, restricted to spans of it; ``diffusion_sampler`` samples Fast-dLLM's answers (None:
+    the default sampler)."""
+
+    count_bias: float = 0.0
+    repair_duplicates: bool = True
+    repair_unaligned: bool = False
+    diffusion_sampler: "BlockDiffusionSampler | None" = None
+
+
+class Strategy(ABC):
+    """Asks a loaded model for the mentions of a batch's windows."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, ner_model: NERModel, options: StrategyOptions) -> None:
+        self.ner_model, self.options = ner_model, options
+
+    @classmethod
+    def unsupported_reason(cls, config: NERModelConfig) -> str | None:
+        """Why a model of ``config`` cannot run this strategy (None: it can)."""
+        return None
+
+    @abstractmethod
+    def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
+        """Each window's mentions of ``labels`` in reading order per label, their answers' tokens
+        decoded by ``decoder``; the batch's cost is added to ``stats``."""

@@ -1,0 +1,104 @@
+"""PaDeLLM-NER: for every label, how many mentions, then each k-th mention, all in parallel.
+
+For a batch of windows:
+
+1. one forward runs every window once as a prefix, with all of its count queries as branches
+   (:meth:`QueryRunner.count_logits`): each (window, label) count's first token (with
+   ``count_bias``, larger counts are favoured);
+2. one batch of mention queries, one branch per (window, label, k), each continuing its label's
+   cached count branch; the same batch decodes the rest of each count (normally its end token)
+   to confirm it: a longer count re-asks that label's mentions;
+3. the answers that offset alignment would lose are re-asked (:mod:`.repairs`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from general_decoding import Decoder, TokenBias, choose
+from ner_service.engine import prompts
+from ner_service.engine.branches import QueryRunner, SharedPrefixRunner
+from ner_service.engine.chunking import Window
+from ner_service.engine.ner_model import NERModel
+from ner_service.engine.queries import Answer, Branch, MentionQuery, answer_of, count_query_ids, mention_queries
+from ner_service.engine.results import ExtractionStats
+from ner_service.engine.spans import Mention
+from ner_service.engine.strategies import register_strategy
+from ner_service.engine.strategies.base import Strategy, StrategyOptions
+from ner_service.engine.strategies.repairs import Repairs
+
+#: Builds the query runner of a batch's windows (the bool: one cache row, for a decoder that shares it).
+RunnerFactory = Callable[[NERModel, list[Window], bool], QueryRunner]
+
+
+@register_strategy("padellm")
+class PaDeLLM(Strategy):
+    """Label-wise parallel decoding over shared prefixes. ``runner`` runs the queries (the
+    engine's: branches over one prefix cache)."""
+
+    def __init__(self, ner_model: NERModel, options: StrategyOptions, runner: RunnerFactory = SharedPrefixRunner) -> None:
+        super().__init__(ner_model, options)
+        self.runner = runner
+        tokenizer = ner_model.tokenizer
+        digit_ids = {digit: tokenizer.convert_tokens_to_ids(str(digit)) for digit in range(10)}
+        self.digit_ids = {d: t for d, t in digit_ids.items() if t is not None and t != tokenizer.unk_token_id}
+
+    def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
+        runner = self.runner(self.ner_model, windows, decoder.shares_cache)
+        counts, confirm = self._counts(runner, windows, labels, stats)
+        # The count's remaining digits (usually just the end token) are decoded in the same
+        # batch as the mention queries, which assume the count is complete.
+        queries = mention_queries(counts)
+        answers, continued = self._ask(runner, queries, confirm, decoder, stats)
+        longer = {key: int(f"{counts[key]}{digits}") for key, digits in continued.items()}
+        if longer:  # rare: a count of several tokens; ask that label's mentions again
+            kept = [i for i, q in enumerate(queries) if (q.window, q.label) not in longer]
+            queries, answers = [queries[i] for i in kept], [answers[i] for i in kept]
+            again = mention_queries(longer)
+            queries += again
+            answers += self._ask(runner, again, [], decoder, stats)[0]
+        Repairs(self.ner_model, self.options).apply(runner, windows, queries, answers, decoder, stats)
+        found: list[list[Mention]] = [[] for _ in windows]
+        for query, answer in zip(queries, answers):
+            found[query.window].append(answer.mention)
+        return found
+
+    def _counts(self, runner: QueryRunner, windows: list[Window], labels: list[str],
+                stats: ExtractionStats) -> tuple[dict[tuple[int, str], int], list[Branch]]:
+        """Each (window, label)'s count from its first token (0 left out), and the branches that
+        confirm each count (its query and that token: what follows must be the end token)."""
+        logits = runner.count_logits(labels, stats)
+        if self.options.count_bias:
+            bias = TokenBias({token: self.options.count_bias * digit for digit, token in self.digit_ids.items()})
+            logits = logits.float().log_softmax(-1)
+            first = choose(logits, [bias], range(len(logits)), [[] for _ in range(len(logits))]).tolist()
+        else:
+            first = logits.argmax(-1).tolist()
+        decode = self.ner_model.tokenizer.decode
+        counts: dict[tuple[int, str], int] = {}
+        confirm: list[Branch] = []
+        keys = [(w, label) for w in range(len(windows)) for label in labels]
+        for (w, label), token in zip(keys, first):
+            count = prompts.parse_count(decode([token], skip_special_tokens=True)) or 0
+            if count:
+                counts[w, label] = count
+                confirm.append(Branch(w, label, count_query_ids(self.ner_model, label) + [token]))
+        return counts, confirm
+
+    def _ask(self, runner: QueryRunner, queries: list[MentionQuery], confirm: list[Branch], decoder: Decoder,
+             stats: ExtractionStats) -> tuple[list[Answer], dict[tuple[int, str], str]]:
+        """Decode every mention query, plus the count continuations to confirm; return the
+        answers and the digits that continued a count."""
+        branches = [Branch(q.window, q.label, q.token_ids(self.ner_model)) for q in queries] + confirm
+        if not branches:
+            return [], {}
+        out = runner.decode(branches, decoder, self.ner_model.config.max_mention_tokens, stats)
+        answers = [answer_of(self.ner_model, q.label, tokens, score) for q, tokens, score in zip(queries, out.tokens, out.scores)]
+        decode = self.ner_model.tokenizer.decode
+        continued = {}
+        for branch, tokens in zip(confirm, out.tokens[len(queries):]):
+            digits = re.match(r"\d*", decode(tokens, skip_special_tokens=True))[0]  # type: ignore[index]
+            if digits:
+                continued[branch.window, branch.label] = digits
+        return answers, continued

@@ -1,0 +1,94 @@
+"""PaDeLLM's repairs: the mention answers that offset alignment would lose are asked again.
+
+* With ``repair_unaligned``, an answer not in its window (or empty although the count promised
+  a mention) is re-asked restricted to spans of the window (:class:`SpanTries`); the new answer
+  is kept when its log-probability per token reaches ``UNALIGNED_MIN_MEAN_LOGPROB``. A weak
+  model (zh-resume) writes a mention of its own rather than copying one far more often than a
+  strong one.
+* With ``repair_duplicates``, a surplus copy (an answer repeated under its label more often
+  than the window holds it) is re-asked with its first token banned (and within the window's
+  spans with ``repair_unaligned``). Such copies mostly come from a model answering the k-th
+  query of a long list with a neighbour.
+"""
+
+from __future__ import annotations
+
+from general_decoding import BannedFirstToken, Decoder, TokenConstraint, TrieConstraint, get_decoder
+from ner_service.engine.branches import QueryRunner
+from ner_service.engine.chunking import Window
+from ner_service.engine.ner_model import NERModel
+from ner_service.engine.queries import Answer, Branch, MentionQuery, answer_of
+from ner_service.engine.results import ExtractionStats
+from ner_service.engine.span_tries import SpanTries
+from ner_service.engine.spans import occurrences
+from ner_service.engine.strategies.base import StrategyOptions
+
+#: A mention re-asked within the text's spans is kept when its log-probability per token is at
+#: least this: on zh-resume's dev set (its model card), about 23 % of the answers between -2.0
+#: and -1.6 were right (break-even at its F1), 9 % between -2.4 and -2.0.
+UNALIGNED_MIN_MEAN_LOGPROB = -1.6
+#: The decoder of answers restricted to the text's spans: they are copies of the text, so
+#: copy drafting gives constrained greedy's tokens in fewer forwards.
+CONSTRAINED_DECODER = "copy"
+
+
+class Repairs:
+    """Re-asks, in place, the answers alignment would lose (see the module)."""
+
+    def __init__(self, ner_model: NERModel, options: StrategyOptions) -> None:
+        self.ner_model, self.options = ner_model, options
+
+    def apply(self, runner: QueryRunner, windows: list[Window], queries: list[MentionQuery], answers: list[Answer],
+              decoder: Decoder, stats: ExtractionStats) -> None:
+        """Replace the answers of ``queries`` that need it (``answers`` is changed in place)."""
+        tries = SpanTries(self.ner_model.tokenizer, [w.text for w in windows], self.ner_model.eos_token_id,
+                          self.ner_model.config.max_mention_tokens) if self.options.repair_unaligned else None
+        if tries is not None:
+            redo = unaligned(windows, queries, answers)
+            for i, answer in zip(redo, self.re_ask(runner, queries, redo, decoder, stats, tries=tries)):
+                if answer.mean_logprob >= UNALIGNED_MIN_MEAN_LOGPROB:
+                    answers[i] = answer
+        if self.options.repair_duplicates:
+            redo = surplus_copies(windows, queries, answers)
+            banned = [answers[i].first_token for i in redo]
+            for i, answer in zip(redo, self.re_ask(runner, queries, redo, decoder, stats, banned, tries)):
+                answers[i] = answer
+
+    def re_ask(self, runner: QueryRunner, queries: list[MentionQuery], redo: list[int], decoder: Decoder, stats: ExtractionStats,
+               banned: list[int | None] | None = None, tries: SpanTries | None = None) -> list[Answer]:
+        """Answer the mention queries ``queries[i]`` (i in ``redo``) again, the j-th one's first
+        answer token never ``banned[j]`` and, with ``tries``, its answer a span of its window
+        (decoded by :data:`CONSTRAINED_DECODER`)."""
+        if not redo:
+            return []
+        asked = [queries[i] for i in redo]
+        constraints: list[TokenConstraint] = []
+        if banned is not None:
+            constraints.append(BannedFirstToken(banned))
+        if tries is not None:
+            constraints.append(TrieConstraint([tries[q.window] for q in asked]))
+            decoder = get_decoder(CONSTRAINED_DECODER)
+        branches = [Branch(q.window, q.label, q.token_ids(self.ner_model)) for q in asked]
+        out = runner.decode(branches, decoder, self.ner_model.config.max_mention_tokens, stats, constraints)
+        return [answer_of(self.ner_model, q.label, tokens, score) for q, tokens, score in zip(asked, out.tokens, out.scores)]
+
+
+def unaligned(windows: list[Window], queries: list[MentionQuery], answers: list[Answer]) -> list[int]:
+    """The answers that are empty or not in their window."""
+    return [i for i, (query, answer) in enumerate(zip(queries, answers))
+            if not answer.mention.text or not occurrences(windows[query.window].text, answer.mention.text)]
+
+
+def surplus_copies(windows: list[Window], queries: list[MentionQuery], answers: list[Answer]) -> list[int]:
+    """The answers that repeat a more probable answer of the same (window, label) beyond the
+    number of times the window holds that mention (in order)."""
+    copies: dict[tuple[int, str, str], list[int]] = {}
+    for i, (query, answer) in enumerate(zip(queries, answers)):
+        if answer.mention.text:
+            copies.setdefault((query.window, query.label, answer.mention.text), []).append(i)
+    surplus: list[int] = []
+    for (w, _, text), members in copies.items():
+        room = len(occurrences(windows[w].text, text))
+        if 0 < room < len(members):
+            surplus += sorted(members, key=lambda i: answers[i].mention.logprob, reverse=True)[room:]
+    return sorted(surplus)
