@@ -1,23 +1,35 @@
-"""PaDeLLM-NER against the autoregressive baseline, at batch 1, in one run.
+"""PaDeLLM-NER against the autoregressive baseline, same model and backend, in one run.
 
-Three variants of the same model on the same CoNLL-03 dev sentences, interleaved sentence
-by sentence so that machine noise hits them alike:
+Variants of the same model on the same CoNLL-03 dev sentences, interleaved so that machine
+noise hits them alike, at each batch size of ``--batch-sizes`` (default 1 and 16):
 
-* ``ar``: every label's mentions generated in one sequence (the baseline);
-* ``padellm``: prefix encoded once, count and mention queries batched over its KV cache;
-* ``padellm_reencode``: PaDeLLM re-encoding the text for every query (the reference
-  implementation's way: :mod:`benchmarks.reencoding`).
+* ``ar_copy``, ``ar_anpd``: every label's mentions generated in one sequence (the baseline),
+  with copy and with ANPD drafting; the faster one is the baseline of the speed-ups;
+* ``padellm_greedy``: PaDeLLM with greedy answers and no speculation (one token per forward
+  after the prefix: the reference the others must equal);
+* ``padellm_copy``: copy-drafted answers, no speculation (the engine's default on a CPU);
+* ``padellm_speculating``: copy drafting, the mention queries of a count of 1 speculated in
+  the prefix forward, and each known mention token followed by the text it is copied from
+  (``speculated_counts=(1,)``, the default on a GPU; ``ner_service/engine/branches.py``);
+* ``padellm_reencode`` (batch 1 only): PaDeLLM re-encoding the text for every query, the
+  reference implementation's way (:mod:`benchmarks.reencoding`).
 
-``--backend`` is the token decoder of PaDeLLM's mention answers, ``--ar-backend`` that of the
-baseline (greedy unless asked: the baseline as the paper runs it).
+Per variant: micro-F1, latency per text (mean, p50, p90 at batch 1), texts per second, forward
+passes and tokens fed per text, speed-up over the faster AR, and whether its entities are those
+of ``padellm_greedy`` (or of ``ar_copy`` for AR). At batch 1 a stacked bar per variant shows
+where a text's time goes: PaDeLLM's phases (prefix+count, mention, repair) and AR's prefill
+(its first forward) and decoding; ``other`` is windowing, alignment and conflicts.
 
-Usage: python benchmarks/padellm_vs_ar.py [--limit N] [--json PATH] [--model NAME] [--data FILE] [--backend NAME] [--ar-backend NAME]
+Usage: python benchmarks/padellm_vs_ar.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
+       [--batch-sizes 1,16] [--device cpu|cuda] [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,13 +37,50 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
 from benchmarks.reencoding import reencoding_padellm  # noqa: E402
-from ner_service.engine import NEREngine  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
+from ner_service.engine import NEREngine, Strategy  # noqa: E402
 from training.data import read_corpus  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
 
-VARIANTS = ("ar", "padellm", "padellm_reencode")
+PHASES = ("prefill", "prefix+count", "mention", "repair", "answer", "other")
+
+
+@dataclass
+class Variant:
+    """One way to run the engine, and what it measured."""
+
+    engine: NEREngine
+    strategy: str | Strategy
+    decoder: str
+    reference: str
+    seconds: list[float] = field(default_factory=list)  # per call
+    texts: int = 0
+    forwards: int = 0
+    fed: int = 0
+    phase_ms: dict[str, float] = field(default_factory=dict)
+    spans: list[list[tuple[int, int, str]]] = field(default_factory=list)
+
+
+class ForwardMeter:
+    """Counts the tokens every forward of the model's decoder stack feeds, and times them."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.tokens, self.durations = 0, []
+        self._began = 0.0
+        model.register_forward_pre_hook(self._before, with_kwargs=True)
+        model.register_forward_hook(self._after)
+
+    def _before(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids")
+        self.tokens += ids.numel() if ids is not None else 0
+        self._began = time.perf_counter()
+
+    def _after(self, module: torch.nn.Module, args: tuple, output: object) -> None:
+        self.durations.append(time.perf_counter() - self._began)
+
+    def reset(self) -> None:
+        self.tokens, self.durations = 0, []
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -39,56 +88,125 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def variants(engine: NEREngine, batch_size: int) -> dict[str, Variant]:
+    plain = NEREngine(engine.ner_model, speculated_counts=(), max_batch_texts=batch_size)
+    speculating = NEREngine(engine.ner_model, speculated_counts=(1,), max_batch_texts=batch_size)
+    found = {
+        "ar_copy": Variant(plain, "ar", "copy", "ar_copy"),
+        "ar_anpd": Variant(plain, "ar", "anpd", "ar_copy"),
+        "padellm_greedy": Variant(plain, "padellm", "greedy", "padellm_greedy"),
+        "padellm_copy": Variant(plain, "padellm", "copy", "padellm_greedy"),
+        "padellm_speculating": Variant(speculating, "padellm", "copy", "padellm_greedy"),
+    }
+    if batch_size == 1:
+        found["padellm_reencode"] = Variant(plain, reencoding_padellm(plain), "copy", "padellm_greedy")
+    return found
+
+
+def measure(engine: NEREngine, texts: list[str], batch_size: int, meter: ForwardMeter) -> dict[str, Variant]:
+    """Run every variant over ``texts`` in batches, interleaved batch by batch."""
+    runs = variants(engine, batch_size)
+    for run in runs.values():  # untimed warm-up
+        run.engine.extract(texts[:batch_size], strategy=run.strategy, decoder=run.decoder)
+    for start in tqdm(range(0, len(texts), batch_size), desc=f"batch {batch_size}", unit="batch"):
+        batch = texts[start:start + batch_size]
+        for name, run in runs.items():
+            meter.reset()
+            began = time.perf_counter()
+            results = run.engine.extract(batch, strategy=run.strategy, decoder=run.decoder)
+            run.seconds.append(time.perf_counter() - began)
+            stats = results[0].stats
+            run.texts += len(batch)
+            run.forwards += stats.forward_passes
+            run.fed += meter.tokens
+            run.spans += [[(e.start, e.end, e.label) for e in r.entities] for r in results]
+            phases = dict(stats.phase_ms)
+            if "answer" in phases and meter.durations:  # AR: its first forward encodes the prompt
+                phases["prefill"] = 1000 * meter.durations[0]
+                phases["answer"] -= phases["prefill"]
+            phases["other"] = stats.latency_ms - sum(phases.values())
+            for phase, ms in phases.items():
+                run.phase_ms[phase] = run.phase_ms.get(phase, 0.0) + ms
+    return runs
+
+
+def rows_of(runs: dict[str, Variant], gold: list[list[tuple[int, int, str]]], batch_size: int) -> list[dict]:
+    baseline = min(("ar_copy", "ar_anpd"), key=lambda name: sum(runs[name].seconds))
+    rows = []
+    for name, run in runs.items():
+        per_text = [1000 * s / batch_size for s in run.seconds] if batch_size > 1 else [1000 * s for s in run.seconds]
+        rows.append({
+            "batch": batch_size,
+            "variant": name,
+            "f1": span_f1(gold, run.spans)["micro_f1"],
+            "ms_per_text": 1000 * sum(run.seconds) / run.texts,
+            "p50_ms": percentile(per_text, 0.5),
+            "p90_ms": percentile(per_text, 0.9),
+            "texts_per_s": run.texts / sum(run.seconds),
+            "forwards_per_text": run.forwards / run.texts,
+            "tokens_fed_per_text": run.fed / run.texts,
+            "speedup_vs_ar": sum(runs[baseline].seconds) / sum(run.seconds),
+            "identical": run.spans == runs[run.reference].spans,
+            "phase_ms_per_text": {phase: ms / run.texts for phase, ms in run.phase_ms.items()},
+        })
+    return rows
+
+
+def phase_plot(path: Path, rows: list[dict], title: str) -> Path:
+    """Stacked bars: a text's time by phase, per variant (batch 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 4))
+    names = [r["variant"] for r in rows]
+    bottom = [0.0] * len(rows)
+    for phase in PHASES:
+        values = [max(r["phase_ms_per_text"].get(phase, 0.0), 0.0) for r in rows]
+        if any(values):
+            axis.bar(names, values, bottom=bottom, label=phase)
+            bottom = [b + v for b, v in zip(bottom, values)]
+    axis.set_ylabel("ms per text")
+    axis.set_title(title, fontsize=10)
+    axis.tick_params(axis="x", labelrotation=20, labelsize=8)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def main() -> None:
     parser = benchmark_parser(__doc__, "padellm_vs_ar", limit=100)
-    parser.add_argument("--backend", default="greedy", help="token decoder of PaDeLLM's mention answers (default %(default)s)")
-    parser.add_argument("--ar-backend", default="greedy", help="token decoder of the AR baseline (default %(default)s)")
+    parser.add_argument("--batch-sizes", default="1,16", help="comma-separated (default %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
 
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
-    shared = NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
-    engines = {
-        "ar": (shared, "ar", args.ar_backend),
-        "padellm": (shared, "padellm", args.backend),
-        "padellm_reencode": (shared, reencoding_padellm(shared), args.backend),
-    }
-    shared.extract([examples[0].text], strategy="padellm")  # warm-up
-    latency: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    forwards: dict[str, list[int]] = {v: [] for v in VARIANTS}
-    predicted: dict[str, list[list[tuple[int, int, str]]]] = {v: [] for v in VARIANTS}
-    for example in tqdm(examples, desc="sentences", unit="text"):
-        for variant, (engine, decoder, backend) in engines.items():
-            (result,) = engine.extract([example.text], strategy=decoder, decoder=backend)
-            latency[variant].append(result.stats.latency_ms)
-            forwards[variant].append(result.stats.forward_passes)
-            predicted[variant].append([(e.start, e.end, e.label) for e in result.entities])
+    texts = [e.text for e in examples]
     gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
-    ar_mean = statistics.fmean(latency["ar"])
+    engine = NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    meter = ForwardMeter(engine.ner_model.model.get_decoder())
     rows = []
-    for variant in VARIANTS:
-        mean = statistics.fmean(latency[variant])
-        rows.append({
-            "variant": variant,
-            "f1": span_f1(gold, predicted[variant])["micro_f1"],
-            "latency_ms_mean": mean,
-            "latency_ms_p50": percentile(latency[variant], 0.5),
-            "latency_ms_p90": percentile(latency[variant], 0.9),
-            "speedup_vs_ar": ar_mean / mean,
-            "forward_passes_mean": statistics.fmean(forwards[variant]),
-        })
-    print(f"\n{args.model} on {len(examples)} sentences of {args.data}, batch 1, backend {args.backend} (AR: {args.ar_backend}), {args.dtype}, {args.device}"
-          + ("" if args.device != "cpu" else f", {torch.get_num_threads()} threads"))
-    print_table(rows, ["variant", "f1", "latency_ms_mean", "latency_ms_p50", "latency_ms_p90", "speedup_vs_ar", "forward_passes_mean"])
+    for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
+        rows += rows_of(measure(engine, texts, batch_size, meter), gold, batch_size)
+    where = f"{args.device}" + ("" if args.device != "cpu" else f", {torch.get_num_threads()} threads")
+    print(f"\n{args.model} on {len(examples)} sentences of {args.data}, {args.dtype}, {where}")
+    print_table(rows, ["batch", "variant", "f1", "ms_per_text", "p50_ms", "p90_ms", "texts_per_s", "forwards_per_text",
+                       "tokens_fed_per_text", "speedup_vs_ar", "identical"])
     path = write_json(args.json, {"benchmark": "padellm_vs_ar", "model": args.model, "n_sentences": len(examples),
-                                  "backend": args.backend, "ar_backend": args.ar_backend, "dtype": args.dtype, "device": args.device, "results": rows})
-    png = bar_plots(path.with_suffix(".png"), list(VARIANTS), {
-        "mean latency (ms)": [r["latency_ms_mean"] for r in rows],
-        "speed-up over AR": [r["speedup_vs_ar"] for r in rows],
-        "micro-F1": [r["f1"] for r in rows],
-    }, f"PaDeLLM vs AR, {args.model}, batch 1, {len(examples)} CoNLL-03 dev sentences")
-    print(f"wrote {path} and {png}")
+                                  "dtype": args.dtype, "device": args.device, "results": rows})
+    labels = [f"b{r['batch']} {r['variant']}" for r in rows]
+    png = bar_plots(path.with_suffix(".png"), labels, {
+        "ms per text": [r["ms_per_text"] for r in rows],
+        "speed-up over the faster AR": [r["speedup_vs_ar"] for r in rows],
+        "forwards per text": [r["forwards_per_text"] for r in rows],
+    }, f"PaDeLLM vs AR, {args.model}, {len(examples)} dev sentences, {where}")
+    first = [r for r in rows if r["batch"] == min(r["batch"] for r in rows)]
+    phases = phase_plot(path.with_name(path.stem + "_phases.png"), first, f"Where a text's time goes, batch {first[0]['batch']}, {where}")
+    print(f"wrote {path}, {png} and {phases}")
 
 
 if __name__ == "__main__":

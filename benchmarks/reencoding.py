@@ -18,7 +18,7 @@ from ner_service.engine import NEREngine, prompts
 from ner_service.engine.chunking import Window
 from ner_service.engine.decoding import GroupInputs, batches, count_generation, decode_groups
 from ner_service.engine.ner_model import NERModel
-from ner_service.engine.queries import Branch, count_query_ids
+from ner_service.engine.queries import Branch
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.strategies.padellm import PaDeLLM
 
@@ -30,15 +30,14 @@ class ReencodingRunner:
         self.ner_model = ner_model
         self.prefixes = [prompts.prefix_ids(ner_model.tokenizer, w.text) for w in windows]
 
-    def count_logits(self, labels: list[str], stats: ExtractionStats) -> torch.Tensor:
-        queries = [count_query_ids(self.ner_model, label) for label in labels]
-        ids, mask = left_pad([p + q for p in self.prefixes for q in queries], self.ner_model.pad_token_id)
+    def encode(self, branches: list[list[int]], stats: ExtractionStats) -> torch.Tensor:
+        ids, mask = left_pad([p + b for p in self.prefixes for b in branches], self.ner_model.pad_token_id)
         device = self.ner_model.device
         with torch.inference_mode():
             logits = self.ner_model.model(input_ids=ids.to(device), attention_mask=mask.to(device),
                                           position_ids=position_ids_from_mask(mask).to(device), logits_to_keep=1).logits[:, -1]
         stats.forward_passes += 1
-        return logits
+        return logits.view(len(self.prefixes), len(branches), -1)
 
     def decode(self, branches: list[Branch], decoder: Decoder, max_new_tokens: int, stats: ExtractionStats,
                constraints: Sequence[TokenConstraint] = ()) -> Generation:

@@ -144,10 +144,8 @@ class Continued(TokenConstraint):
 
 
 def continued(constraints: Sequence[TokenConstraint], rows: Sequence[int], emitted: Sequence[Sequence[int]]) -> tuple[TokenConstraint, ...]:
-    """Every constraint :class:`Continued` after ``emitted``, but those that only concern a first
-    token when every row's answer began already."""
-    began = bool(emitted) and all(emitted)
-    return tuple(Continued(c, rows, emitted) for c in constraints if not (began and c.first_token_only))
+    """Every constraint :class:`Continued` after ``emitted``."""
+    return tuple(Continued(c, rows, emitted) for c in constraints)
 
 
 def choose(logprobs: torch.Tensor, constraints: Sequence[TokenConstraint], rows: Sequence[int],

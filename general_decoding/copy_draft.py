@@ -26,3 +26,11 @@ class CopyDrafter(Drafter):
 def copy_decoder(max_n: int = 6, max_draft: int = 12) -> DraftVerifyDecoder:
     """Draft-and-verify with :class:`CopyDrafter`."""
     return DraftVerifyDecoder(CopyDrafter(max_n), max_draft)
+
+
+def copy_candidates(source: list[int], token: int, depth: int) -> list[list[int]]:
+    """What follows each occurrence of ``token`` in ``source`` (up to ``depth`` tokens), distinct,
+    the latest occurrence first: every way an answer that just emitted ``token`` may go on if it
+    copies ``source`` from there (a mention's first token fixes where in the text it starts)."""
+    found = [source[i + 1:i + 1 + depth] for i in range(len(source) - 2, -1, -1) if source[i] == token]
+    return [list(c) for c in dict.fromkeys(tuple(c) for c in found if c)]

@@ -181,59 +181,76 @@ class DraftVerifyDecoder(Decoder):
         return chosen.reshape(len(rows), columns)
 
     def _generate(self, model: PreTrainedModel, inputs: DecodeInputs) -> Generation:
-        stop, constraints, device = inputs.stop, inputs.constraints, inputs.input_ids.device
+        """Every forward feeds each row's tokens not yet in the cache (the whole input at first,
+        then the last emitted token) followed by its draft, the first forward included."""
+        device = inputs.input_ids.device
         cache = inputs.past_key_values if inputs.past_key_values is not None else ReservedCache()
-        states = prefill(model, inputs, cache)
+        new_columns = inputs.attention_mask[:, -inputs.input_ids.shape[1]:]
+        contexts = inputs.context_ids or [[] for _ in range(inputs.input_ids.shape[0])]
+        states = [RowState(list(c) + ids[keep.bool()].tolist()) for c, ids, keep in zip(contexts, inputs.input_ids.cpu(), new_columns.cpu())]
         self.drafter.start(states)
         lengths = DraftLength(len(states), self.max_draft, prior=self.expected_accepted)
-        forwards, accepted_per_pass = 1, [len(states)]
         live = list(range(len(states)))  # the batch's rows still decoding, in cache order
-        mask = inputs.attention_mask
+        mask = inputs.attention_mask[:, : -inputs.input_ids.shape[1]]
+        fed, fed_mask = inputs.input_ids, new_columns
+        forwards, accepted_per_pass = 0, []
         while True:
+            mask, emitted = self._verify(model, cache, states, live, mask, fed, fed_mask, lengths, inputs)
+            forwards += 1
+            accepted_per_pass.append(emitted)
             going = [i for i, r in enumerate(live) if not states[r].done]
             if not going:
                 break
             if len(going) < len(live):  # finished rows leave the batch and the cache
                 keep_rows(cache, torch.tensor(going, device=mask.device))
                 live, mask = [live[i] for i in going], mask[going]
-            room = max(self.verify_tokens // len(live) - 1, 0)
-            drafts = [self._draft(r, states[r], budget, constraints)
-                      if (budget := min(lengths.budget(r), room, stop.max_new_tokens - len(states[r].tokens))) > 0 else [] for r in live]
-            width = max(len(d) for d in drafts)
-            ids = torch.tensor([[states[r].tokens[-1]] + d + [0] * (width - len(d)) for r, d in zip(live, drafts)], device=device)
-            full_mask = torch.cat([mask, torch.ones_like(mask[:, :1]).expand(-1, width + 1)], dim=1)
-            positions = mask.sum(-1, keepdim=True) + torch.arange(width + 1, device=mask.device)
-            past = cache.get_seq_length()
-            logits = model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
-                           past_key_values=cache, use_cache=True).logits
-            forwards += 1
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            predictions = self._choose(logprobs, live, [states[r] for r in live], drafts, constraints)
-            chosen = logprobs.gather(-1, predictions[..., None])[..., 0]
-            kept = []
-            emitted_now = 0
-            for i, r in enumerate(live):
-                state, draft, row_pred = states[r], drafts[i], predictions[i].tolist()
-                accepted = 0
-                while accepted < len(draft) and draft[accepted] == row_pred[accepted]:
-                    accepted += 1
-                self.drafter.observe(r, state, row_pred, accepted)
-                lengths.update(r, len(draft), accepted)
-                row_lp = chosen[i].tolist()
-                before = len(state.tokens) + int(state.stopped)
-                for j in range(accepted + 1):
-                    state.emit(row_pred[j], row_lp[j], stop)
-                    if state.done:
-                        break
-                emitted_now += len(state.tokens) + int(state.stopped) - before
-                kept.append(1 + accepted)  # the fed last token and the accepted drafts are now valid cache
-            accepted_per_pass.append(emitted_now)
-            keep = max(kept)
-            keep_first(cache, past + keep)
-            valid = torch.arange(keep, device=mask.device)[None, :] < torch.tensor(kept, device=mask.device)[:, None]
-            mask = torch.cat([mask, valid.long()], dim=1)
+            fed = torch.tensor([[states[r].tokens[-1]] for r in live], device=device)
+            fed_mask = torch.ones_like(fed)
         return Generation([s.tokens for s in states], [s.logprobs for s in states], [s.score for s in states],
                           [s.stopped for s in states], forwards, accepted_per_pass, self.drafter.details())
+
+    def _verify(self, model: PreTrainedModel, cache: Cache, states: list[RowState], live: list[int], mask: torch.Tensor,
+                fed: torch.Tensor, fed_mask: torch.Tensor, lengths: DraftLength, inputs: DecodeInputs) -> tuple[torch.Tensor, int]:
+        """One forward: the ``live`` rows' uncached tokens ``fed`` (left-padded, ``fed_mask``)
+        and their drafts; emit each row's greedy tokens (the accepted drafts and one more), keep
+        the cache columns they need and return the attention mask over the cache and how many
+        tokens were emitted."""
+        stop, constraints = inputs.stop, inputs.constraints
+        room = max(self.verify_tokens // len(live) - fed.shape[1], 0)
+        drafts = [self._draft(r, states[r], budget, constraints)
+                  if (budget := min(lengths.budget(r), room, stop.max_new_tokens - len(states[r].tokens) - 1)) > 0 else [] for r in live]
+        width = max(len(d) for d in drafts)
+        ids = torch.cat([fed, torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.long, device=fed.device)], dim=1)
+        known = torch.cat([mask, fed_mask], dim=1)
+        full_mask = torch.cat([known, torch.ones_like(known[:, :1]).expand(-1, width)], dim=1)
+        positions = torch.cat([position_ids_from_mask(known)[:, -fed.shape[1]:],
+                               known.sum(-1, keepdim=True) + torch.arange(width, device=mask.device)], dim=1)
+        past = cache.get_seq_length()
+        logits = model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
+                       past_key_values=cache, use_cache=True, logits_to_keep=width + 1).logits
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        predictions = self._choose(logprobs, live, [states[r] for r in live], drafts, constraints)
+        chosen = logprobs.gather(-1, predictions[..., None])[..., 0]
+        accepted_drafts, emitted = [], 0
+        for i, r in enumerate(live):
+            state, draft, row_pred = states[r], drafts[i], predictions[i].tolist()
+            accepted = 0
+            while accepted < len(draft) and draft[accepted] == row_pred[accepted]:
+                accepted += 1
+            self.drafter.observe(r, state, row_pred, accepted)
+            lengths.update(r, len(draft), accepted)
+            row_lp = chosen[i].tolist()
+            before = len(state.tokens) + int(state.stopped)
+            for j in range(accepted + 1):
+                state.emit(row_pred[j], row_lp[j], stop)
+                if state.done:
+                    break
+            emitted += len(state.tokens) + int(state.stopped) - before
+            accepted_drafts.append(accepted)
+        keep = max(accepted_drafts)  # the fed tokens and the accepted drafts are now valid cache
+        keep_first(cache, past + fed.shape[1] + keep)
+        valid = torch.arange(keep, device=mask.device)[None, :] < torch.tensor(accepted_drafts, device=mask.device)[:, None]
+        return torch.cat([known, valid.long()], dim=1), emitted
 
 
 def longest_suffix_match(history: list[int], source: list[int], max_n: int, min_n: int = 1) -> int | None:

@@ -39,7 +39,7 @@ class JacobiDrafter(Drafter):
         if self.block_size is not None:  # the bonus token of this forward fills one of the block's unknowns
             unknowns = min(budget, self.block_size - len(state.tokens) % self.block_size - 1)
         guesses = self._guesses[row][:unknowns]
-        return guesses + [state.tokens[-1]] * (unknowns - len(guesses))
+        return guesses + [state.history[-1]] * (unknowns - len(guesses))
 
     def observe(self, row: int, state: RowState, predictions: list[int], accepted: int) -> None:
         block_before = len(state.tokens) // self.block_size if self.block_size else 0

@@ -8,6 +8,12 @@ same product taken the other way round, ``(W @ x.T).T``, streams the weights onc
 rows (a lone row is doubled so that it takes the same kernel). With it the 2-token forward
 costs about 1.4x the 1-token one, and both get faster (``benchmarks/general_decoders.py``).
 
+Past a few rows the BLAS is fast for multiples of 8 only: over the 210 linear layers of
+SmolLM2-135M (weights streamed from memory, as in a forward) 15 rows took 99 ms and 16 rows
+52 ms, 31 rows 117 ms and 32 rows 72 ms. More than 8 rows are therefore padded with zero rows
+to the next multiple of 8 (:func:`padded_rows`), which are cut from the result
+(``benchmarks/skinny_linear.py`` measures forwards of odd widths both ways).
+
 Only inference on the CPU takes the other path: on another device, with autograd on, or
 for more than :data:`MAX_ROWS` rows the layer is a plain ``nn.Linear``. The weights and the
 state dict are untouched.
@@ -21,6 +27,16 @@ from torch import nn
 
 #: above this many rows ``F.linear`` is as fast (the product is compute-bound)
 MAX_ROWS = 128
+#: past 8 rows, products are computed for a multiple of this many rows
+ROW_BLOCK = 8
+
+
+def padded_rows(rows: int) -> int:
+    """The number of rows a product of ``rows`` rows is computed for: 2 for 1 (the kernel of
+    two rows is the faster), up to 8 as they are, then the next multiple of :data:`ROW_BLOCK`."""
+    if rows == 1:
+        return 2
+    return rows if rows <= ROW_BLOCK else -(-rows // ROW_BLOCK) * ROW_BLOCK
 
 
 class SkinnyLinear(nn.Linear):
@@ -32,8 +48,9 @@ class SkinnyLinear(nn.Linear):
         if not x.is_cpu or torch.is_grad_enabled() or not 0 < rows <= MAX_ROWS or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])
-        if rows == 1:
-            flat = torch.cat([flat, flat])
+        padded = padded_rows(rows)
+        if padded > rows:
+            flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
         out = torch.mm(self.weight, flat.t()).t()[:rows]
         if self.bias is not None:
             out = out + self.bias

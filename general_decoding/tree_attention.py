@@ -49,20 +49,39 @@ def collate_trees(
     trees: list[PackedTree], pad_token_id: int, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad trees, one per row, into ``input_ids``, ``position_ids`` and an additive 4D
-    attention mask (see :func:`collate_tree_rows`)."""
-    ids, positions, mask, _ = collate_tree_rows([[tree] for tree in trees], pad_token_id, dtype)
-    return ids, positions, mask
+    attention mask ``[batch, 1, L, L]``: 0 where attention is allowed and the dtype's minimum
+    elsewhere; padding positions attend to themselves only, so no row is empty."""
+    length = max(len(t) for t in trees)
+    input_ids = torch.full((len(trees), length), pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros((len(trees), length), dtype=torch.long)
+    allowed = torch.eye(length, dtype=torch.bool).repeat(len(trees), 1, 1)
+    for row, tree in enumerate(trees):
+        input_ids[row, : len(tree)] = torch.tensor(tree.input_ids)
+        position_ids[row, : len(tree)] = torch.tensor(tree.position_ids)
+        allowed[row, : len(tree), : len(tree)] = tree_mask(torch.tensor(tree.branch_of))
+    mask = torch.zeros((len(trees), 1, length, length), dtype=dtype)
+    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    return input_ids, position_ids, mask
 
 
-def collate_tree_rows(
-    rows: list[list[PackedTree]], pad_token_id: int, dtype: torch.dtype = torch.float32
+def chain_with_trie(prefix: list[int], trie: tuple[list[int], list[int], list[int]]) -> tuple[list[int], list[int]]:
+    """One tree ``(input_ids, parents)``: ``prefix`` as a chain, then a trie from :func:`build_trie`
+    whose first tokens follow the prefix's last token."""
+    trie_ids, trie_parents, _ = trie
+    offset = len(prefix)
+    parents = list(range(-1, offset - 1)) + [p + offset if p >= 0 else offset - 1 for p in trie_parents]
+    return list(prefix) + list(trie_ids), parents
+
+
+def collate_forest_rows(
+    rows: list[list[tuple[list[int], list[int]]]], pad_token_id: int, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
-    """Lay each row's trees one after another, right-pad the rows, and build the additive 4D
-    attention mask: ``[batch, 1, L, L]``, 0 where attention is allowed and the dtype's minimum
-    elsewhere. A tree sees nothing of the other trees in its row (its positions start at 0);
-    padding positions attend to themselves only, so no row is empty. Also returns each
-    tree's first column."""
-    length = max(sum(len(t) for t in trees) for trees in rows)
+    """Lay each row's trees (``(input_ids, parents)``, parents before children) one after
+    another, right-pad the rows, and build the additive 4D attention mask ``[batch, 1, L, L]``
+    (0 where allowed, the dtype's minimum elsewhere): a token sees its ancestors and itself, and
+    its position is its depth. A tree sees nothing of the other trees in its row; padding
+    positions attend to themselves only, so no row is empty. Also returns each tree's first column."""
+    length = max(sum(len(ids) for ids, _ in trees) for trees in rows)
     batch = len(rows)
     input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((batch, length), dtype=torch.long)
@@ -71,11 +90,12 @@ def collate_tree_rows(
     for row, trees in enumerate(rows):
         start = 0
         offsets.append([])
-        for tree in trees:
-            end = start + len(tree)
-            input_ids[row, start:end] = torch.tensor(tree.input_ids)
-            position_ids[row, start:end] = torch.tensor(tree.position_ids)
-            allowed[row, start:end, start:end] = tree_mask(torch.tensor(tree.branch_of))
+        for ids, parents in trees:
+            end = start + len(ids)
+            ancestors = ancestor_mask(parents)
+            input_ids[row, start:end] = torch.tensor(ids)
+            position_ids[row, start:end] = ancestors.sum(1) - 1
+            allowed[row, start:end, start:end] = ancestors
             offsets[-1].append(start)
             start = end
     mask = torch.zeros((batch, 1, length, length), dtype=dtype)
@@ -117,22 +137,10 @@ def parents_of(tree: PackedTree) -> list[int]:
 def collate_parent_trees(
     rows: list[tuple[list[int], list[int]]], pad_token_id: int, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Like :func:`collate_trees` for general trees given as ``(input_ids, parents)``: a token
-    sees its ancestors and itself, and its position is its depth."""
-    length = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
-    position_ids = torch.zeros((len(rows), length), dtype=torch.long)
-    allowed = torch.eye(length, dtype=torch.bool).repeat(len(rows), 1, 1)
-    for row, (ids, parents) in enumerate(rows):
-        depth = [0] * len(ids)
-        for i, parent in enumerate(parents):
-            depth[i] = depth[parent] + 1 if parent >= 0 else 0
-        allowed[row, : len(ids), : len(ids)] = ancestor_mask(parents)
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        position_ids[row, : len(ids)] = torch.tensor(depth)
-    mask = torch.zeros((len(rows), 1, length, length), dtype=dtype)
-    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-    return input_ids, position_ids, mask
+    """Like :func:`collate_trees` for general trees given as ``(input_ids, parents)``, one per
+    row: a token sees its ancestors and itself, and its position is its depth."""
+    ids, positions, mask, _ = collate_forest_rows([[tree] for tree in rows], pad_token_id, dtype)
+    return ids, positions, mask
 
 
 def build_trie(sequences: list[list[int]]) -> tuple[list[int], list[int], list[int]]:

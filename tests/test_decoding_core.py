@@ -8,10 +8,13 @@ import torch
 from transformers import DynamicCache
 
 from general_decoding import StopCriteria, UnknownDecoderError, get_decoder, left_pad
+from general_decoding.copy_draft import copy_candidates
 from general_decoding.constraints import BannedFirstToken, TokenBias, TokenTrie, TrieConstraint, admissible_draft, choose, continued
 from general_decoding.draft_verify import DraftLength
 from general_decoding.kv_cache import RESERVED_COLUMNS, cache_bytes, keep_first, keep_rows, select_rows
-from general_decoding.tree_attention import ancestor_mask, build_trie, collate_tree_rows, collate_trees, pack_branches, pack_rows
+from general_decoding.tree_attention import (
+    ancestor_mask, build_trie, chain_with_trie, collate_forest_rows, collate_trees, pack_branches, pack_rows, parents_of,
+)
 
 PROMPTS = ["Text: EU rejects German call to boycott British lamb .\nAll entities:", "Text: Peter Blackburn\nPER count:", "Text: a\n"]
 
@@ -118,17 +121,27 @@ def test_a_reserved_cache_decodes_in_place_as_a_dynamic_cache_does(tiny_engine) 
 
 def test_trees_packed_in_one_row_see_nothing_of_each_other() -> None:
     first, second = pack_branches([1, 2], [[3], [4, 5]]), pack_branches([6], [[7]])
-    ids, positions, mask, offsets = collate_tree_rows([[first, second], [second]], pad_token_id=0)
+    as_parents = [(tree.input_ids, parents_of(tree)) for tree in (first, second)]
+    ids, positions, mask, offsets = collate_forest_rows([as_parents, as_parents[1:]], pad_token_id=0)
     assert offsets == [[0, 5], [0]]
     assert ids.tolist() == [[1, 2, 3, 4, 5, 6, 7], [6, 7, 0, 0, 0, 0, 0]]
     assert positions[0].tolist() == [0, 1, 2, 2, 3, 0, 1]  # the second tree's positions start again
     allowed = mask[0, 0] == 0
     assert allowed[5:, :5].sum() == 0 and allowed[:5, 5:].sum() == 0  # block-diagonal
     assert allowed[6].tolist() == [False] * 5 + [True, True]
-    # one tree per row is exactly collate_trees
-    alone = collate_tree_rows([[first], [second]], pad_token_id=0)[:3]
+    # one packed tree per row is exactly collate_trees (branches see the prefix and themselves)
+    alone = collate_forest_rows([[tree] for tree in as_parents], pad_token_id=0)[:3]
     for packed, single in zip(alone, collate_trees([first, second], pad_token_id=0)):
         assert torch.equal(packed, single)
+
+
+def test_a_prefix_chain_with_a_trie_shares_the_branches_beginnings() -> None:
+    trie = build_trie([[3, 4], [3, 5], [6]])
+    ids, parents = chain_with_trie([1, 2], trie)
+    assert ids == [1, 2, 3, 4, 5, 6] and parents == [-1, 0, 1, 2, 2, 1]
+    _, positions, mask, _ = collate_forest_rows([[(ids, parents)]], pad_token_id=0)
+    assert positions[0].tolist() == [0, 1, 2, 3, 3, 2]
+    assert (mask[0, 0, 4] == 0).tolist() == [True, True, True, False, True, False]  # 5 sees 1 2 3 and itself
 
 
 def test_pack_rows_fills_rows_up_to_the_longest_item() -> None:
@@ -247,7 +260,7 @@ def test_token_bias_and_continued_constraints(tiny_engine) -> None:
     banned = BannedFirstToken([0])
     assert choose(logprobs.clone(), [banned], [0], [[]]).item() == 1
     assert choose(logprobs.clone(), [banned], [0], [[3]]).item() == 0  # only a first token is banned
-    assert continued([banned], [0], [[3]]) == ()  # an answer that began is free of it
+    assert banned.first_token_only and not TrieConstraint([None]).first_token_only
     trie = TrieConstraint([TokenTrie([[3, 2, 1]])])
     (after,) = continued([trie], [0], [[3]])
     assert choose(logprobs.clone(), [after], [0], [[]]).item() == 2  # row 0 continues its trie after 3
@@ -259,3 +272,10 @@ def test_a_decoder_without_constraint_support_refuses_constraints(tiny_engine) -
     with pytest.raises(ValueError, match="does not take token constraints"):
         get_decoder("lookahead").generate(model, _ids(tiny_engine, PROMPTS[0]), StopCriteria(4, frozenset({eos})),
                                           constraints=[BannedFirstToken([eos])])
+
+
+def test_copy_candidates_are_what_follows_every_occurrence() -> None:
+    source = [5, 1, 2, 3, 1, 4, 1]
+    assert copy_candidates(source, 1, 2) == [[4, 1], [2, 3]]  # latest first; the last 1 has nothing after it
+    assert copy_candidates(source, 9, 2) == []
+    assert copy_candidates([1, 2, 1, 2], 1, 1) == [[2]]  # distinct

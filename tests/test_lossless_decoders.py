@@ -163,7 +163,7 @@ def test_gs_jacobi_reports_iterations_per_block(tiny_engine) -> None:
     out = _run(get_decoder("gs_jacobi", block_size=4), model, [row], StopCriteria(20, frozenset({tokenizer.eos_token_id})), 0)
     blocks = out.details["iterations_per_block"]
     assert blocks and all(1 <= n <= 4 for n in blocks)
-    assert sum(blocks) == out.forward_passes - 1  # every forward after the prefill belongs to one block
+    assert sum(blocks) == out.forward_passes  # every forward belongs to one block
 
 
 def test_speculative_without_a_draft_model_is_a_clear_error() -> None:
@@ -179,3 +179,19 @@ def test_engine_backends_give_the_greedy_entities(en_engine, name: str) -> None:
         expected = [r.entities for r in en_engine.extract(texts, strategy=strategy)]
         got = [r.entities for r in en_engine.extract(texts, strategy=strategy, decoder=name)]
         assert [[(e.start, e.end, e.label) for e in g] for g in got] == [[(e.start, e.end, e.label) for e in x] for x in expected]
+
+
+@pytest.mark.slow
+def test_copy_drafting_finishes_a_copied_mention_in_its_first_forward(en_engine) -> None:
+    """Drafting starts with the first forward: a mention's first token fed with what follows it
+    in the text verifies the rest of the mention and its end token at once."""
+    model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
+    stop = StopCriteria(24, frozenset({tokenizer.eos_token_id}))
+    prompt = tokenizer(prompts.prefix("Angela Merkel arrived on Monday .")).input_ids
+    prompt += tokenizer(prompts.mention_query("PER", 1, 1), add_special_tokens=False).input_ids
+    expected = _run(get_decoder("greedy"), model, [prompt], stop, 0)
+    assert len(expected.tokens[0]) >= 2 and expected.stopped[0]
+    first, rest = expected.tokens[0][0], expected.tokens[0][1:]
+    got = _run(get_decoder("copy"), model, [prompt + [first]], stop, 0)
+    assert got.tokens[0] == rest and got.stopped[0]
+    assert got.forward_passes == 1

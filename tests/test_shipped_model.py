@@ -49,3 +49,32 @@ def test_padellm_needs_fewer_forward_passes_than_ar(en_engine: NEREngine) -> Non
 def test_label_subset_only_returns_those_labels(en_engine: NEREngine) -> None:
     (result,) = en_engine.extract([SENTENCES[0]], labels=["MISC"])
     assert result.entities and {e.label for e in result.entities} == {"MISC"}
+
+
+def test_speculated_counts_and_mention_drafts_give_the_same_entities_in_fewer_forwards(en_engine: NEREngine, data_dir) -> None:
+    """Speculation is lossless: the mention queries of a count of 1 fed with the count queries,
+    and each known mention token followed by the text it is copied from, give the entities (and
+    scores) of plain greedy PaDeLLM, one text at a time, in fewer forwards."""
+    from training.data import read_corpus
+
+    texts = [e.text for e in read_corpus(data_dir / "conll2003" / "dev.txt") if e.text.strip()][:24]
+    plain = NEREngine(en_engine.ner_model, speculated_counts=())
+    speculating = NEREngine(en_engine.ner_model, speculated_counts=(1,))
+    forwards = {"plain": 0, "speculating": 0}
+    for text in texts:
+        (reference,) = plain.extract([text], decoder="greedy")
+        (fast,) = speculating.extract([text], decoder="copy")
+        assert [(e.start, e.end, e.label) for e in fast.entities] == [(e.start, e.end, e.label) for e in reference.entities]
+        assert [e.score for e in fast.entities] == pytest.approx([e.score for e in reference.entities], abs=1e-3)
+        forwards["plain"] += reference.stats.forward_passes
+        forwards["speculating"] += fast.stats.forward_passes
+    assert forwards["speculating"] <= 3 * len(texts) < forwards["plain"]
+
+
+def test_a_lone_mention_of_a_speculated_count_takes_two_forwards(en_engine: NEREngine) -> None:
+    """A count of 1 is confirmed and its mention begun in the prefix forward; the mention, copied
+    from the text, is verified with its end token in the next one."""
+    speculating = NEREngine(en_engine.ner_model, speculated_counts=(1,))
+    (result,) = speculating.extract(["Angela Merkel arrived on Monday ."], labels=["PER"])
+    assert [(e.text, e.label) for e in result.entities] == [("Angela Merkel", "PER")]
+    assert result.stats.forward_passes == 2

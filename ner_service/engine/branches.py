@@ -1,13 +1,18 @@
 """Branches behind cached prefixes: how PaDeLLM's queries are run once the text is encoded.
 
-A :class:`QueryRunner` answers the two questions a strategy asks of a batch of windows: the
-count queries' first tokens, then any set of :class:`~ner_service.engine.queries.Branch` es
-decoded behind their windows' prefixes. :class:`SharedPrefixRunner` is the engine's: one
-forward encodes every prefix with its count branches (:class:`PrefixCache`); a set of branches
-is then fed in one forward as tries over the cache (branches behind the same cached columns
-share their common beginning), which yields each branch's first answer token, and a decoder
-goes on from there, each row over its window's cache row and its trie path. A decoder that
-``shares_cache`` (``one_sequence``) decodes the branches as one sequence over the cache instead.
+A :class:`QueryRunner` answers what a strategy asks of a batch of windows: first, the
+next-token logits after some branches encoded with the prefixes (the count queries, and the
+mention queries the most likely counts lead to); then any set of
+:class:`~ner_service.engine.queries.Branch` es decoded behind their windows' prefixes.
+
+:class:`SharedPrefixRunner` is the engine's. One forward encodes every prefix with those first
+branches (:class:`PrefixCache`). A branch encoded whole there has its first answer token
+already; one forward (:class:`BranchForward`) then feeds, as tries over the cache, every other
+branch's rest (which yields its first token) and every known answer token with the text that
+follows it wherever it occurs (a mention is a copy of the text: most finish in that forward,
+their end token the verified bonus). A decoder goes on with the unfinished rows, each over its
+window's cache row and its path. A decoder that ``shares_cache`` (``one_sequence``) decodes
+the branches as one sequence over the cache instead.
 """
 
 from __future__ import annotations
@@ -17,23 +22,26 @@ from typing import Protocol
 
 import torch
 
-from general_decoding import Decoder, Generation, StopCriteria, TokenConstraint, choose, get_decoder, left_pad
-from general_decoding.constraints import continued
-from general_decoding.kv_cache import cache_bytes, select_rows
-from general_decoding.tree_attention import ancestor_mask, build_trie, join_tries, pack_rows
+from general_decoding import Decoder, DraftVerifyDecoder, Generation, StopCriteria, TokenConstraint, choose, get_decoder, left_pad
+from general_decoding.constraints import admissible_draft, continued
+from general_decoding.copy_draft import copy_candidates
+from ner_service.engine.branch_forward import BranchForward, BranchRow, Node
 from ner_service.engine.chunking import Window
-from ner_service.engine.decoding import GroupInputs, batches, count_generation, decode_groups
+from ner_service.engine.decoding import GroupInputs, batches, count_generation, decode_groups, empty_generation
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.prefix_cache import PrefixCache
 from ner_service.engine.queries import Branch
 from ner_service.engine.results import ExtractionStats
 
+#: Tokens of the text drafted after a known answer token, per occurrence of that token.
+MENTION_DRAFT_TOKENS = 4
+
 
 class QueryRunner(Protocol):
     """Runs a strategy's queries behind the prefixes of one batch's windows."""
 
-    def count_logits(self, labels: list[str], stats: ExtractionStats) -> torch.Tensor:
-        """Logits of each (window, label) count query's first answer token, window-major."""
+    def encode(self, branches: list[list[int]], stats: ExtractionStats) -> torch.Tensor:
+        """``[windows, branches, vocabulary]`` next-token logits after each branch behind each prefix."""
 
     def decode(self, branches: list[Branch], decoder: Decoder, max_new_tokens: int, stats: ExtractionStats,
                constraints: Sequence[TokenConstraint] = ()) -> Generation:
@@ -47,20 +55,22 @@ class SharedPrefixRunner:
         self.ner_model, self.windows, self.one_row = ner_model, windows, one_row
         self.prefix: PrefixCache | None = None
 
-    def count_logits(self, labels: list[str], stats: ExtractionStats) -> torch.Tensor:
-        self.prefix, logits = PrefixCache.encode(self.ner_model, self.windows, labels, self.one_row)
+    def encode(self, branches: list[list[int]], stats: ExtractionStats) -> torch.Tensor:
+        self.prefix = PrefixCache.encode(self.ner_model, self.windows, branches, self.one_row)
         stats.forward_passes += 1
-        return logits
+        return torch.stack([torch.stack([logits[tuple(b)] for b in branches]) for logits in self.prefix.logits])
 
     def decode(self, branches: list[Branch], decoder: Decoder, max_new_tokens: int, stats: ExtractionStats,
                constraints: Sequence[TokenConstraint] = ()) -> Generation:
-        """Constrained branches and a decoder that does not share the cache go through
-        :meth:`_tree_branches` (a constrained re-ask by a ``shares_cache`` decoder is greedy)."""
+        """Constrained branches and a decoder that does not share the cache go through one
+        :class:`BranchForward` and then ``decoder`` (a constrained re-ask by a ``shares_cache``
+        decoder is greedy); known answer tokens are followed by drafts when ``decoder`` drafts."""
         if self.prefix is None:
-            raise RuntimeError("count_logits encodes the prefixes first")
+            raise RuntimeError("encode the prefixes first")
         stop = StopCriteria(max_new_tokens, self.ner_model.stop_token_ids)
         if constraints or not decoder.shares_cache:
-            return self._tree_branches(branches, get_decoder("greedy") if decoder.shares_cache else decoder, stop, stats, constraints)
+            going = get_decoder("greedy") if decoder.shares_cache else decoder
+            return self._branch_forward(branches, going, stop, stats, constraints, drafts=isinstance(going, DraftVerifyDecoder))
         return self._one_sequence(branches, decoder, stop, stats)
 
     def _one_sequence(self, branches: list[Branch], decoder: Decoder, stop: StopCriteria, stats: ExtractionStats) -> Generation:
@@ -86,94 +96,107 @@ class SharedPrefixRunner:
         count_generation(stats, merged)
         return merged
 
-    def _tree_branches(self, branches: list[Branch], decoder: Decoder, stop: StopCriteria, stats: ExtractionStats,
-                       constraints: Sequence[TokenConstraint]) -> Generation:
-        """One forward feeds every branch, those behind the same cached columns merged into a trie
-        (a count's confirmation and its label's mention queries share the count and the label
-        tokens); it yields each branch's first answer token, within ``constraints``. Then
-        ``decoder`` decodes the unfinished branches, each over its window's cache row and its
-        branch's trie path."""
+    def _branch_forward(self, branches: list[Branch], decoder: Decoder, stop: StopCriteria, stats: ExtractionStats,
+                        constraints: Sequence[TokenConstraint], drafts: bool) -> Generation:
+        """Known first tokens from the cached logits; one forward for the rest of the branches and
+        for the drafts after known tokens; then ``decoder`` for the rows still unfinished."""
         prefix = self.prefix
         assert prefix is not None
-        model, device = self.ner_model.model, self.ner_model.device
-        going = [prefix.continuation(b) for b in branches]
-        owners = [b.window for b in branches]
-        groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}  # branches behind the same cached columns
-        for r, (owner, continuation) in enumerate(zip(owners, going)):
-            groups.setdefault((owner, continuation.columns), []).append(r)
-        tries = [build_trie([going[r].tokens for r in members]) for members in groups.values()]
-        # node rows: tries of windows in the same cache row, packed up to the largest trie
-        by_cache_row: dict[int, list[int]] = {}
-        for g, (owner, _) in enumerate(groups):
-            by_cache_row.setdefault(prefix.row_of[owner], []).append(g)
-        capacity = max(len(ids) for ids, _, _ in tries)
-        node_rows = [(cache_row, [members[i] for i in packed]) for cache_row, members in by_cache_row.items()
-                     for packed in pack_rows([len(tries[g][0]) for g in members], capacity)]
-        width = prefix.cache.get_seq_length()  # a decoder that shares_cache may have extended it in place
-        keys = list(groups)
-        row_ids: list[list[int]] = []
-        row_parents: list[list[int]] = []
-        row_base: list[list[torch.Tensor]] = []  # per node: the cached columns it sees
-        last: list[tuple[int, int]] = [(0, 0)] * len(branches)  # per branch: (node row, node)
-        for row, (_, members) in enumerate(node_rows):
-            ids, parents, ends = join_tries([tries[g] for g in members])
-            row_ids.append(ids)
-            row_parents.append(parents)
-            row_base.append([])
-            for g, group_ends in zip(members, ends):
-                owner, columns = keys[g]
-                row_base[row] += [prefix.visible(owner, columns, width)] * len(tries[g][0])
-                for r, end in zip(groups[keys[g]], group_ends):
-                    last[r] = (row, end)
-        nodes = max(len(ids) for ids in row_ids)
-        input_ids = torch.full((len(node_rows), nodes), self.ner_model.pad_token_id, dtype=torch.long)
-        positions = torch.zeros((len(node_rows), nodes), dtype=torch.long)
-        allowed = torch.zeros((len(node_rows), nodes, width + nodes), dtype=torch.bool)
-        allowed[:, :, width:] = torch.eye(nodes, dtype=torch.bool)  # padding sees itself only
-        for row, (ids, parents) in enumerate(zip(row_ids, row_parents)):
-            n = len(ids)
-            ancestors = ancestor_mask(parents)
-            base = torch.stack(row_base[row])
-            input_ids[row, :n] = torch.tensor(ids)
-            positions[row, :n] = base.sum(1) + ancestors.sum(1) - 1  # after the columns it sees, at its depth
-            allowed[row, :n, :width] = base
-            allowed[row, :n, width:width + n] = ancestors
-        cache = select_rows(prefix.cache, [cache_row for cache_row, _ in node_rows])
-        bias = torch.zeros(allowed.shape, dtype=model.dtype).masked_fill_(~allowed, torch.finfo(model.dtype).min)[:, None]
-        with torch.inference_mode():
-            hidden = model.get_decoder()(input_ids=input_ids.to(device), attention_mask=bias.to(device), position_ids=positions.to(device),
-                                         past_key_values=cache, use_cache=True).last_hidden_state
-            first_lp = torch.log_softmax(model.get_output_embeddings()(hidden[[r for r, _ in last], [c for _, c in last]]).float(), dim=-1)
-            everyone = range(len(branches))
-            first = choose(first_lp.clone() if constraints else first_lp, constraints, everyone, [[] for _ in everyone]).tolist()
-        result = Generation([[] for _ in branches], [[] for _ in branches], [0.0] * len(branches), [False] * len(branches),
-                            forward_passes=1, accepted_per_pass=[len(branches)])
-        unfinished = []
-        for r, token in enumerate(first):
-            result.scores[r] = float(first_lp[r, token])
-            if token in stop.stop_token_ids:
-                result.stopped[r] = True
+        result = empty_generation(len(branches))
+        fed: dict[int, BranchRow] = {}
+        asked: list[int] = []  # rows whose first token this forward gives
+        known: list[int] = []  # rows whose first token the cached logits gave, fed with drafts
+        for r, branch in enumerate(branches):
+            cached = prefix.cached_logits(branch)
+            if cached is None:
+                continuation = prefix.continuation(branch)
+                fed[r] = BranchRow(branch.window, continuation.columns, [continuation.tokens])
+                asked.append(r)
                 continue
-            result.tokens[r], result.token_logprobs[r] = [token], [result.scores[r]]
-            if stop.max_new_tokens > 1:
-                unfinished.append(r)
-
-        def inputs(rows: list[int]) -> GroupInputs:
-            visible = torch.stack([allowed[last[r][0], last[r][1]] for r in rows]).long()  # its trie path
-            mask = torch.cat([visible, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
-            return GroupInputs(torch.tensor([[first[r]] for r in rows]), mask, select_rows(cache, [last[r][0] for r in rows]),
-                               [prefix.tokens[owners[r]] for r in rows])
-
-        after_first = continued(constraints, list(everyone), [[token] for token in first])
-        rest = decode_groups(self.ner_model, decoder, batches(decoder, unfinished), len(branches),
-                             StopCriteria(max(stop.max_new_tokens - 1, 1), stop.stop_token_ids), inputs, [prefix.cache, cache], stats, after_first)
-        for r in unfinished:
-            result.tokens[r] += rest.tokens[r]
-            result.token_logprobs[r] += rest.token_logprobs[r]
-            result.scores[r] += rest.scores[r]
-            result.stopped[r] = rest.stopped[r]
-        result.forward_passes += rest.forward_passes
-        result.accepted_per_pass.extend(rest.accepted_per_pass)
-        stats.kv_cache_bytes = max(stats.kv_cache_bytes, cache_bytes(prefix.cache) + cache_bytes(cache))
+            logprobs = torch.log_softmax(cached.float(), dim=-1)[None]
+            token = int(choose(logprobs.clone() if constraints else logprobs, constraints, [r], [[]])[0])
+            if self._emit(result, r, token, float(logprobs[0, token]), stop):
+                candidates = copy_candidates(prefix.tokens[branch.window], token, MENTION_DRAFT_TOKENS) if drafts else []
+                if constraints:
+                    candidates = [c for c in (admissible_draft(c, constraints, r, [token]) for c in candidates) if c]
+                fed[r] = BranchRow(branch.window, prefix.path_columns(branch.window, branch.tokens), [[token]] + [[token] + c for c in candidates])
+                known.append(r)
+        if not fed:
+            count_generation(stats, result)
+            return result
+        forward = BranchForward(self.ner_model, prefix, [fed[r] for r in fed])
+        result.forward_passes, result.accepted_per_pass = 1, [len(fed)]
+        last: dict[int, Node] = {}
+        pending: dict[int, int] = {}  # the emitted token each unfinished row feeds next
+        index = {r: i for i, r in enumerate(fed)}
+        if asked:
+            nodes = [forward.answer_node(index[r]) for r in asked]
+            logprobs = forward.logprobs(nodes)
+            first = choose(logprobs.clone() if constraints else logprobs, constraints, asked, [[] for _ in asked]).tolist()
+            for r, node, token, row_lp in zip(asked, nodes, first, logprobs):
+                if self._emit(result, r, token, float(row_lp[token]), stop):
+                    last[r], pending[r] = node, token
+        for r in known:
+            node, token = self._verify(forward, index[r], result, r, stop, constraints)
+            if node is not None:
+                last[r], pending[r] = node, token
+        if pending:
+            self._decode_rest(forward, branches, decoder, stop, stats, constraints, result, last, pending)
+        stats.kv_cache_bytes = max(stats.kv_cache_bytes, forward.bytes())
         count_generation(stats, result)
         return result
+
+    @staticmethod
+    def _emit(result: Generation, row: int, token: int, logprob: float, stop: StopCriteria) -> bool:
+        """Add ``token`` to ``row``'s answer; whether the row goes on (no stop token, room left)."""
+        result.scores[row] += logprob
+        if token in stop.stop_token_ids:
+            result.stopped[row] = True
+            return False
+        result.tokens[row].append(token)
+        result.token_logprobs[row].append(logprob)
+        return len(result.tokens[row]) < stop.max_new_tokens
+
+    def _verify(self, forward: BranchForward, fed_row: int, result: Generation, row: int, stop: StopCriteria,
+                constraints: Sequence[TokenConstraint]) -> tuple[Node | None, int]:
+        """Follow ``row``'s drafts from its known token while each next token (the greedy one within
+        ``constraints``) was fed; emit them and the one after. Returns the last fed node on the way
+        and that last token when the row goes on, else ``(None, stop token)``."""
+        nodes = forward.subtree(fed_row)
+        logprobs = dict(zip(nodes, forward.logprobs(nodes)))
+        node = forward.answer_node(fed_row)
+        while True:
+            row_lp = logprobs[node][None]
+            token = int(choose(row_lp.clone() if constraints else row_lp, constraints, [row], [result.tokens[row]])[0])
+            going = self._emit(result, row, token, float(row_lp[0, token]), stop)
+            following = forward.child(node, token)
+            if not going:
+                return None, token
+            if following is None or following not in logprobs:
+                return node, token
+            node = following
+
+    def _decode_rest(self, forward: BranchForward, branches: list[Branch], decoder: Decoder, stop: StopCriteria, stats: ExtractionStats,
+                     constraints: Sequence[TokenConstraint], result: Generation, last: dict[int, Node], pending: dict[int, int]) -> None:
+        """``decoder`` goes on from each unfinished row's last fed node, feeding its pending token;
+        the answers are cut at ``stop.max_new_tokens`` tokens."""
+        prefix = self.prefix
+        assert prefix is not None
+        rows = list(pending)
+        room = max(stop.max_new_tokens - len(result.tokens[r]) for r in rows)
+        # every row going on has emitted a token: what concerns a first token no longer applies
+        after = continued([c for c in constraints if not c.first_token_only], list(range(len(branches))), [list(t) for t in result.tokens])
+        rest = decode_groups(
+            self.ner_model, decoder, batches(decoder, rows), len(branches), StopCriteria(max(room, 1), stop.stop_token_ids),
+            lambda group: forward.inputs(group, last, pending, [prefix.tokens[branches[r].window] for r in group]),
+            [prefix.cache, forward.cache], stats, after)
+        for r in rows:
+            keep = stop.max_new_tokens - len(result.tokens[r])
+            tokens, logprobs = rest.tokens[r][:keep], rest.token_logprobs[r][:keep]
+            cut = len(tokens) < len(rest.tokens[r])
+            result.tokens[r] += tokens
+            result.token_logprobs[r] += logprobs
+            result.scores[r] += sum(logprobs) if cut else rest.scores[r]
+            result.stopped[r] = rest.stopped[r] and not cut
+        result.forward_passes += rest.forward_passes
+        result.accepted_per_pass.extend(rest.accepted_per_pass)

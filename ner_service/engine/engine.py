@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 #: greedy's tokens (lossless) in fewer forwards, since mentions are copied from the text.
 DEFAULT_DECODER = "copy"
 DEFAULT_STRATEGY = "padellm"
+#: The counts whose mention queries PaDeLLM feeds with the count queries, by device. On a GPU a
+#: forward's width is nearly free and the forward it saves is not; on this project's 2-core CPU
+#: the 25 tokens it adds to a sentence's first forward cost about what the saved forward gains
+#: (``benchmarks/padellm_vs_ar.py``: 2.53 against 2.97 forwards, 381 against 365 ms).
+SPECULATED_COUNTS = {"cuda": (1,), "cpu": ()}
 
 
 class UnknownLabelError(ValueError):
@@ -46,15 +51,18 @@ class NEREngine:
 
     def __init__(self, ner_model: NERModel, max_window_tokens: int = 160, max_batch_texts: int = 16, count_bias: float | None = None,
                  repair_duplicates: bool = True, repair_unaligned: bool | None = None,
+                 speculated_counts: tuple[int, ...] | None = None,
                  diffusion_sampler: "BlockDiffusionSampler | None" = None) -> None:
-        """``count_bias`` and ``repair_unaligned`` default to the model's (``ner_model.json``);
-        see :class:`StrategyOptions` for what each setting does."""
+        """``count_bias`` and ``repair_unaligned`` default to the model's (``ner_model.json``),
+        ``speculated_counts`` to the device's (:data:`SPECULATED_COUNTS`); see
+        :class:`StrategyOptions` for what each setting does."""
         self.ner_model = ner_model
         self.max_window_tokens = max_window_tokens
         self.max_batch_texts = max_batch_texts
         self.count_bias = ner_model.config.count_bias if count_bias is None else count_bias
         self.repair_duplicates = repair_duplicates
         self.repair_unaligned = ner_model.config.repair_unaligned if repair_unaligned is None else repair_unaligned
+        self.speculated_counts = SPECULATED_COUNTS.get(ner_model.device.type, ()) if speculated_counts is None else tuple(speculated_counts)
         self.diffusion_sampler = diffusion_sampler
 
     @classmethod
@@ -81,7 +89,7 @@ class NEREngine:
 
     def strategy_options(self) -> StrategyOptions:
         """The engine's settings as its strategies read them."""
-        return StrategyOptions(self.count_bias, self.repair_duplicates, self.repair_unaligned, self.diffusion_sampler)
+        return StrategyOptions(self.count_bias, self.repair_duplicates, self.repair_unaligned, self.speculated_counts, self.diffusion_sampler)
 
     def strategy(self, name: str) -> Strategy:
         """The strategy registered as ``name``, on this engine's model and settings."""

@@ -28,7 +28,8 @@ class Autoregressive(Strategy):
     def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
         ids, mask = left_pad([prompts.ar_prompt_ids(self.ner_model.tokenizer, w.text) for w in windows], self.ner_model.pad_token_id)
         stop = StopCriteria(self.ner_model.config.max_ar_tokens, self.ner_model.stop_token_ids)
-        out = decode_groups(self.ner_model, decoder, batches(decoder, list(range(len(windows)))), len(windows), stop,
-                            lambda rows: GroupInputs(ids[rows], mask[rows]), [], stats)
+        with stats.phase("answer"):
+            out = decode_groups(self.ner_model, decoder, batches(decoder, list(range(len(windows)))), len(windows), stop,
+                                lambda rows: GroupInputs(ids[rows], mask[rows]), [], stats)
         count_generation(stats, out)
         return [answer_mentions(self.ner_model, tokens, logprobs, labels) for tokens, logprobs in zip(out.tokens, out.token_logprobs)]

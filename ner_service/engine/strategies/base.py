@@ -23,12 +23,14 @@ class StrategyOptions:
     ``count_bias`` favours larger counts (PaDeLLM: a count's first digit d gets ``d *
     count_bias`` added to its log-probability); ``repair_duplicates`` re-asks a mention answered
     more often than the text holds it; ``repair_unaligned`` re-asks one that is not in the text
-    at all, restricted to spans of it; ``diffusion_sampler`` samples Fast-dLLM's answers (None:
-    the default sampler)."""
+    at all, restricted to spans of it; ``speculated_counts`` are the counts whose mention queries
+    PaDeLLM feeds with the count queries (:mod:`.padellm`); ``diffusion_sampler`` samples
+    Fast-dLLM's answers (None: the default sampler)."""
 
     count_bias: float = 0.0
     repair_duplicates: bool = True
     repair_unaligned: bool = False
+    speculated_counts: tuple[int, ...] = ()
     diffusion_sampler: "BlockDiffusionSampler | None" = None
 
 

@@ -3,8 +3,13 @@
 For a batch of windows:
 
 1. one forward runs every window once as a prefix, with all of its count queries as branches
-   (:meth:`QueryRunner.count_logits`): each (window, label) count's first token (with
-   ``count_bias``, larger counts are favoured);
+   (:meth:`QueryRunner.encode`): each (window, label) count's first token (with ``count_bias``,
+   larger counts are favoured). Next to each count query it speculates: it also feeds the
+   mention queries that the counts in ``speculated_counts`` lead to (``PER count:1\nPER 1:``);
+   when the count is one of those, its confirmation and its mentions' first tokens come from
+   this forward, and the answers start one forward earlier (the same answers: only where the
+   tokens are computed changes). Only a lone window speculates: the forward it saves is saved
+   only when every label of every window is a hit, and a batch's extra tokens cost their price;
 2. one batch of mention queries, one branch per (window, label, k), each continuing its label's
    cached count branch; the same batch decodes the rest of each count (normally its end token)
    to confirm it: a longer count re-asks that label's mentions;
@@ -46,29 +51,46 @@ class PaDeLLM(Strategy):
 
     def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
         runner = self.runner(self.ner_model, windows, decoder.shares_cache)
-        counts, confirm = self._counts(runner, windows, labels, stats)
+        with stats.phase("prefix+count"):
+            counts, confirm = self._counts(runner, windows, labels, stats)
         # The count's remaining digits (usually just the end token) are decoded in the same
         # batch as the mention queries, which assume the count is complete.
         queries = mention_queries(counts)
-        answers, continued = self._ask(runner, queries, confirm, decoder, stats)
-        longer = {key: int(f"{counts[key]}{digits}") for key, digits in continued.items()}
-        if longer:  # rare: a count of several tokens; ask that label's mentions again
-            kept = [i for i, q in enumerate(queries) if (q.window, q.label) not in longer]
-            queries, answers = [queries[i] for i in kept], [answers[i] for i in kept]
-            again = mention_queries(longer)
-            queries += again
-            answers += self._ask(runner, again, [], decoder, stats)[0]
-        Repairs(self.ner_model, self.options).apply(runner, windows, queries, answers, decoder, stats)
+        with stats.phase("mention"):
+            answers, continued = self._ask(runner, queries, confirm, decoder, stats)
+            longer = {key: int(f"{counts[key]}{digits}") for key, digits in continued.items()}
+            if longer:  # rare: a count of several tokens; ask that label's mentions again
+                kept = [i for i, q in enumerate(queries) if (q.window, q.label) not in longer]
+                queries, answers = [queries[i] for i in kept], [answers[i] for i in kept]
+                again = mention_queries(longer)
+                queries += again
+                answers += self._ask(runner, again, [], decoder, stats)[0]
+        with stats.phase("repair"):
+            Repairs(self.ner_model, self.options).apply(runner, windows, queries, answers, decoder, stats)
         found: list[list[Mention]] = [[] for _ in windows]
         for query, answer in zip(queries, answers):
             found[query.window].append(answer.mention)
         return found
 
+    def _speculated(self, windows: list[Window], labels: list[str]) -> list[list[int]]:
+        """The branches the counts of ``speculated_counts`` lead to, for a lone window: each
+        count's confirmation (its query and the count) and its mention queries."""
+        paths: list[list[int]] = []
+        if len(windows) != 1:
+            return paths
+        for label in labels:
+            for count in self.options.speculated_counts:
+                if count in self.digit_ids:
+                    paths.append(count_query_ids(self.ner_model, label) + [self.digit_ids[count]])
+                    paths += [MentionQuery(0, label, count, k).token_ids(self.ner_model) for k in range(1, count + 1)]
+        return paths
+
     def _counts(self, runner: QueryRunner, windows: list[Window], labels: list[str],
                 stats: ExtractionStats) -> tuple[dict[tuple[int, str], int], list[Branch]]:
         """Each (window, label)'s count from its first token (0 left out), and the branches that
         confirm each count (its query and that token: what follows must be the end token)."""
-        logits = runner.count_logits(labels, stats)
+        counting = [count_query_ids(self.ner_model, label) for label in labels]
+        logits = runner.encode(counting + self._speculated(windows, labels), stats)[:, : len(labels)].flatten(0, 1)
         if self.options.count_bias:
             bias = TokenBias({token: self.options.count_bias * digit for digit, token in self.digit_ids.items()})
             logits = logits.float().log_softmax(-1)

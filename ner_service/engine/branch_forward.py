@@ -1,0 +1,137 @@
+"""One forward of branch tries behind cached prefixes.
+
+Each answer row feeds token sequences behind its window's prefix and the cached path it
+continues (a query's rest, or an answer's known tokens and drafts to verify). The rows behind
+the same cached columns are merged into one trie (what they begin alike is fed once); tries of
+windows in the same cache row are packed into node rows up to the largest trie. Every node sees
+its window's prefix, its cached path and its trie ancestors, at the position of its depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from general_decoding.kv_cache import cache_bytes, select_rows
+from general_decoding.tree_attention import ancestor_mask, build_trie, join_tries, pack_rows
+from ner_service.engine.decoding import GroupInputs
+from ner_service.engine.ner_model import NERModel
+from ner_service.engine.prefix_cache import PrefixCache
+
+
+@dataclass(frozen=True)
+class BranchRow:
+    """What one answer row feeds: ``sequences`` behind window ``window``'s prefix and the cached
+    ``columns``; the first sequence ends at the row's answer node (whose logits give its next
+    token), the others extend it (drafts to verify)."""
+
+    window: int
+    columns: tuple[int, ...]
+    sequences: list[list[int]]
+
+
+@dataclass(frozen=True)
+class Node:
+    """A fed token: its node row and its index there."""
+
+    row: int
+    index: int
+
+
+class BranchForward:
+    """Feeds :class:`BranchRow` s in one forward over ``prefix``; gives each row's answer node,
+    the nodes under it, log-probabilities at nodes and the inputs to decode on from a node."""
+
+    def __init__(self, ner_model: NERModel, prefix: PrefixCache, rows: list[BranchRow]) -> None:
+        self.ner_model, self.prefix, self.rows = ner_model, prefix, rows
+        groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}  # rows behind the same cached columns
+        for r, row in enumerate(rows):
+            groups.setdefault((row.window, row.columns), []).append(r)
+        tries = [build_trie([s for r in members for s in rows[r].sequences]) for members in groups.values()]
+        by_cache_row: dict[int, list[int]] = {}
+        for g, (window, _) in enumerate(groups):
+            by_cache_row.setdefault(prefix.row_of[window], []).append(g)
+        capacity = max(len(ids) for ids, _, _ in tries)
+        node_rows = [(cache_row, [members[i] for i in packed]) for cache_row, members in by_cache_row.items()
+                     for packed in pack_rows([len(tries[g][0]) for g in members], capacity)]
+        width = prefix.cache.get_seq_length()  # a decoder that shares_cache may have extended it in place
+        keys = list(groups)
+        self.ends: list[list[Node]] = [[] for _ in rows]  # per row: the node each of its sequences ends at
+        row_ids: list[list[int]] = []
+        row_parents: list[list[int]] = []
+        row_base: list[list[torch.Tensor]] = []  # per node: the cached columns it sees
+        for node_row, (_, members) in enumerate(node_rows):
+            ids, parents, ends = join_tries([tries[g] for g in members])
+            row_ids.append(ids)
+            row_parents.append(parents)
+            row_base.append([])
+            for g, group_ends in zip(members, ends):
+                window, columns = keys[g]
+                row_base[node_row] += [prefix.visible(window, columns, width)] * len(tries[g][0])
+                sequence_ends = iter(group_ends)
+                for r in groups[keys[g]]:
+                    self.ends[r] = [Node(node_row, next(sequence_ends)) for _ in rows[r].sequences]
+        self.parents = row_parents
+        self.children: list[dict[tuple[int, int], int]] = [{(p, t): n for n, (t, p) in enumerate(zip(ids, parents))}
+                                                            for ids, parents in zip(row_ids, row_parents)]
+        nodes = max(len(ids) for ids in row_ids)
+        input_ids = torch.full((len(node_rows), nodes), ner_model.pad_token_id, dtype=torch.long)
+        positions = torch.zeros((len(node_rows), nodes), dtype=torch.long)
+        self.allowed = torch.zeros((len(node_rows), nodes, width + nodes), dtype=torch.bool)
+        self.allowed[:, :, width:] = torch.eye(nodes, dtype=torch.bool)  # padding sees itself only
+        for node_row, (ids, parents) in enumerate(zip(row_ids, row_parents)):
+            n = len(ids)
+            ancestors = ancestor_mask(parents)
+            base = torch.stack(row_base[node_row])
+            input_ids[node_row, :n] = torch.tensor(ids)
+            positions[node_row, :n] = base.sum(1) + ancestors.sum(1) - 1  # after the columns it sees, at its depth
+            self.allowed[node_row, :n, :width] = base
+            self.allowed[node_row, :n, width:width + n] = ancestors
+        model, device = ner_model.model, ner_model.device
+        self.cache = select_rows(prefix.cache, [cache_row for cache_row, _ in node_rows])
+        bias = torch.zeros(self.allowed.shape, dtype=model.dtype).masked_fill_(~self.allowed, torch.finfo(model.dtype).min)[:, None]
+        with torch.inference_mode():
+            self.hidden = model.get_decoder()(input_ids=input_ids.to(device), attention_mask=bias.to(device), position_ids=positions.to(device),
+                                              past_key_values=self.cache, use_cache=True).last_hidden_state
+
+    def logprobs(self, nodes: list[Node]) -> torch.Tensor:
+        """``[len(nodes), vocabulary]`` next-token log-probabilities after each node (one pass of
+        the output layer)."""
+        with torch.inference_mode():
+            logits = self.ner_model.model.get_output_embeddings()(self.hidden[[n.row for n in nodes], [n.index for n in nodes]])
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def answer_node(self, row: int) -> Node:
+        """The node where row ``row``'s first sequence ends."""
+        return self.ends[row][0]
+
+    def subtree(self, row: int) -> list[Node]:
+        """Row ``row``'s answer node and every node its other sequences (which extend the first)
+        add after it, parents before children."""
+        start = self.answer_node(row)
+        found: dict[Node, None] = {start: None}
+        for end in self.ends[row][1:]:
+            path, index = [], end.index
+            while index != start.index:
+                path.append(Node(end.row, index))
+                index = self.parents[end.row][index]
+            found.update(dict.fromkeys(reversed(path)))
+        return list(found)
+
+    def child(self, node: Node, token: int) -> Node | None:
+        """The node after ``node`` that feeds ``token``, if one was fed."""
+        index = self.children[node.row].get((node.index, token))
+        return None if index is None else Node(node.row, index)
+
+    def inputs(self, rows: list[int], last: dict[int, Node], next_token: dict[int, int], contexts: list[list[int]]) -> GroupInputs:
+        """Decoder inputs of ``rows``: each feeds ``next_token[r]`` after its node ``last[r]``, over a
+        copy of that node's row of the cache, seeing the node's path (``contexts``: per row)."""
+        visible = torch.stack([self.allowed[last[r].row, last[r].index] for r in rows]).long()
+        mask = torch.cat([visible, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
+        return GroupInputs(torch.tensor([[next_token[r]] for r in rows]), mask, select_rows(self.cache, [last[r].row for r in rows]),
+                           contexts)
+
+    def bytes(self) -> int:
+        """KV-cache bytes held: the prefix cache and this forward's node rows."""
+        return cache_bytes(self.prefix.cache) + cache_bytes(self.cache)
