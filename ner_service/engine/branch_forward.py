@@ -39,6 +39,20 @@ class Node:
     index: int
 
 
+def _node_rows(by_cache_row: dict[int, list[int]], sizes: list[int]) -> list[tuple[int, list[int]]]:
+    """Tries (by index, of ``sizes`` nodes) packed into node rows, each row behind one cache row:
+    up to the largest trie, or each cache row's tries in one row, whichever feeds fewer node slots
+    (rows times the longest row; a lone text's tries then share one row)."""
+    best: list[tuple[int, list[int]]] = []
+    for capacity in (max(sizes), max(sum(sizes[g] for g in members) for members in by_cache_row.values())):
+        rows = [(cache_row, [members[i] for i in packed]) for cache_row, members in by_cache_row.items()
+                for packed in pack_rows([sizes[g] for g in members], capacity)]
+        slots = len(rows) * max(sum(sizes[g] for g in members) for _, members in rows)
+        if not best or slots < len(best) * max(sum(sizes[g] for g in members) for _, members in best):
+            best = rows
+    return best
+
+
 class BranchForward:
     """Feeds :class:`BranchRow` s in one forward over ``prefix``; gives each row's answer node,
     the nodes under it, log-probabilities at nodes and the inputs to decode on from a node."""
@@ -52,9 +66,7 @@ class BranchForward:
         by_cache_row: dict[int, list[int]] = {}
         for g, (window, _) in enumerate(groups):
             by_cache_row.setdefault(prefix.row_of[window], []).append(g)
-        capacity = max(len(ids) for ids, _, _ in tries)
-        node_rows = [(cache_row, [members[i] for i in packed]) for cache_row, members in by_cache_row.items()
-                     for packed in pack_rows([len(tries[g][0]) for g in members], capacity)]
+        node_rows = _node_rows(by_cache_row, [len(ids) for ids, _, _ in tries])
         width = prefix.cache.get_seq_length()  # a decoder that shares_cache may have extended it in place
         keys = list(groups)
         self.ends: list[list[Node]] = [[] for _ in rows]  # per row: the node each of its sequences ends at
