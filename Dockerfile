@@ -11,8 +11,10 @@ WORKDIR /src
 # torch first: the largest layer, cached while the code changes.
 RUN pip install torch==2.13.0
 COPY pyproject.toml README.md ./
+COPY padellm_ner ./padellm_ner
 COPY ner_service ./ner_service
 COPY general_decoding ./general_decoding
+COPY corpora ./corpora
 COPY training ./training
 COPY pipeline ./pipeline
 COPY migrations ./migrations

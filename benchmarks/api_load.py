@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
 from tests.local_services import live_server  # noqa: E402
-from training.data import read_corpus  # noqa: E402
+from corpora import read_corpus  # noqa: E402
 
 MODES = (False, True)  # micro-batching off (baseline), on
 

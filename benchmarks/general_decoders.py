@@ -3,7 +3,7 @@
 Four tasks on CoNLL-03 dev sentences: (a) ``ar_ner``, the shipped model's AR query;
 (b) ``mention``, a PaDeLLM mention query; (c) ``continuation``, free continuation of the
 sentence by the SmolLM2 base; (d) ``engine``, the whole PaDeLLM engine with the decoder as
-its backend (identical: the same entities). Per decoder and task: wall-clock speed-up over
+its decoder (identical: the same entities). Per decoder and task: wall-clock speed-up over
 greedy (same prompts, interleaved), tokens per forward, forward passes, and whether every
 output is identical to greedy's. ``--batch-size B`` decodes B sentences' queries as one
 left-padded batch (and B texts per engine call); a decoder of one row at a time is left out.
@@ -26,7 +26,7 @@ from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write
 from general_decoding import StopCriteria, get_decoder, left_pad  # noqa: E402
 from ner_service.engine import NEREngine, prompts  # noqa: E402
 from ner_service.engine.model_loading import load_causal_lm  # noqa: E402
-from training.data import read_corpus  # noqa: E402
+from corpora import read_corpus  # noqa: E402
 
 DECODERS = ("greedy", "jacobi", "gs_jacobi", "anpd", "lookahead", "copy")
 CONTINUATION_TOKENS = 48

@@ -1,7 +1,7 @@
 """Lexical-unit decoding against greedy decoding, for the AR baseline and for PaDeLLM, in one run.
 
 The LUD model (``padellm-ner train-lud`` on top of the shipped model) decodes with
-``--backend lud``; the reference is the model it was fine-tuned from, decoding greedily.
+``--decoder lud``; the reference is the model it was fine-tuned from, decoding greedily.
 Per strategy: wall-clock speed-up (same sentences, batch 1, interleaved), decoded tokens
 per decoding forward, and dev micro-F1 before (greedy) and after (LUD).
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
 from general_decoding import get_decoder  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
-from training.data import read_corpus  # noqa: E402
+from corpora import read_corpus  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.reporting import bar_plots, print_table, write_json  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
-from training.data import Example, read_corpus  # noqa: E402
+from corpora import Example, read_corpus  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONLL = REPO.parent / "shared" / "data" / "conll2003"

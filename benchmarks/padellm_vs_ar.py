@@ -1,4 +1,4 @@
-"""PaDeLLM-NER against the autoregressive baseline, same model and backend, in one run.
+"""PaDeLLM-NER against the autoregressive baseline, same model, in one run.
 
 Variants of the same model on the same CoNLL-03 dev sentences, interleaved so that machine
 noise hits them alike, at each batch size of ``--batch-sizes`` (default 1 and 16):
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.reencoding import reencoding_padellm  # noqa: E402
 from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
 from ner_service.engine import NEREngine, Strategy  # noqa: E402
-from training.data import read_corpus  # noqa: E402
+from corpora import read_corpus  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
 
 PHASES = ("prefill", "prefix+count", "mention", "repair", "answer", "other")

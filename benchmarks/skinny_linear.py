@@ -22,7 +22,7 @@ from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write
 from general_decoding.kv_cache import select_rows  # noqa: E402
 from general_decoding.skinny_linear import use_skinny_linear  # noqa: E402
 from ner_service.engine import NEREngine, prompts  # noqa: E402
-from training.data import read_corpus  # noqa: E402
+from corpora import read_corpus  # noqa: E402
 
 WIDTHS = (1, 2, 4, 8, 16, 32)
 KINDS = {"linear": False, "skinny": True}  # use_skinny_linear(model, enabled)

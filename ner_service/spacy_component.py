@@ -10,7 +10,6 @@ probability is kept in ``span._.padellm_score`` and the cost of the engine batch
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -18,9 +17,7 @@ from spacy.language import Language
 from spacy.tokens import Doc, Span
 from spacy.util import filter_spans, minibatch
 
-from general_decoding import available_decoders
-from ner_service.engine import DEFAULT_DECODER, STRATEGIES, Extraction, NEREngine, NERModel, NERModelConfig, default_model_for_language
-from ner_service.engine.ner_model import resolve_ner_model
+from ner_service.engine import EnginePool, Extraction, ExtractOptions, default_model_for_language, options_from
 
 FACTORY = "padellm_ner"
 SCORE_EXTENSION = "padellm_score"
@@ -28,57 +25,35 @@ STATS_EXTENSION = "padellm_stats"
 CONFIG_FILE = "padellm_ner.json"
 AUTO_MODEL = "auto"  # the shipped default model of the pipeline's language
 
-_models: dict[str, NERModel] = {}
-_models_lock = threading.Lock()
-
 if not Span.has_extension(SCORE_EXTENSION):
     Span.set_extension(SCORE_EXTENSION, default=None)
 if not Doc.has_extension(STATS_EXTENSION):
     Doc.set_extension(STATS_EXTENSION, default=None)
 
 
-def _model(name: str) -> NERModel:
-    """The process-wide model ``name``, loaded on first use (components of the same model share its weights)."""
-    with _models_lock:
-        if name not in _models:
-            _models[name] = NERModel.load(name)
-        return _models[name]
-
-
 class PaDeLLMNER:
-    """Sets ``doc.ents`` from PaDeLLM-NER (or the AR baseline) with the shared engine."""
+    """Sets ``doc.ents`` from PaDeLLM-NER (or another strategy) with the process's engine pool:
+    components of the same model share its weights."""
 
-    def __init__(self, nlp: Language, name: str, model: str, labels: list[str] | None, decoder: str, backend: str, batch_size: int) -> None:
+    def __init__(self, nlp: Language, name: str, model: str, labels: list[str] | None, strategy: str | None, decoder: str | None,
+                 batch_size: int, backend: str | None = None) -> None:
         self.name = name
-        self.configure(model, labels, decoder, backend, batch_size)
+        self.configure(model, labels, strategy, decoder, batch_size, backend)
 
-    def configure(self, model: str, labels: list[str] | None, decoder: str, backend: str, batch_size: int) -> None:
-        """Validate and set the options (labels are checked against ``ner_model.json``; weights load on first use)."""
-        known = NERModelConfig.read(resolve_ner_model(model)).labels
-        unknown = [label for label in labels or [] if label not in known]
-        if unknown:
-            raise ValueError(f"unknown label(s) {', '.join(map(repr, unknown))} for model {model!r}; it knows: {', '.join(known)}")
-        if decoder not in STRATEGIES:
-            raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(STRATEGIES)}")
-        if backend not in available_decoders():
-            raise ValueError(f"unknown backend {backend!r}; available: {', '.join(available_decoders())}")
+    def configure(self, model: str, labels: list[str] | None, strategy: str | None = None, decoder: str | None = None,
+                  batch_size: int = 16, backend: str | None = None) -> None:
+        """Validate and set the options (against ``ner_model.json``; weights load on first use).
+        ``backend``, and a strategy's name given as ``decoder``, are the options' old names."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        self.model, self.requested_labels, self.decoder, self.backend, self.batch_size = model, labels, decoder, backend, batch_size
-        self._model_labels = list(known)
-        self._engine: NEREngine | None = None
+        self.pool = EnginePool.shared()
+        self.options: ExtractOptions = options_from(model, labels, strategy, decoder, backend).validated(self.pool.config(model))
+        self.batch_size = batch_size
 
     @property
     def labels(self) -> tuple[str, ...]:
         """The labels this component predicts (spaCy lists them in the pipeline's meta)."""
-        return tuple(self.requested_labels or self._model_labels)
-
-    @property
-    def engine(self) -> NEREngine:
-        """The engine on the shared model, batching at most ``batch_size`` texts per forward batch."""
-        if self._engine is None:
-            self._engine = NEREngine(_model(self.model), max_batch_texts=self.batch_size)
-        return self._engine
+        return self.options.labels or tuple(self.pool.config(self.options.model).labels)
 
     def __call__(self, doc: Doc) -> Doc:
         return next(self.pipe([doc]))
@@ -86,7 +61,7 @@ class PaDeLLMNER:
     def pipe(self, stream: Iterable[Doc], batch_size: int | None = None) -> Iterator[Doc]:
         """Annotate ``stream``: one engine batch per ``min(batch_size, self.batch_size)`` docs."""
         for batch in minibatch(stream, size=min(batch_size or self.batch_size, self.batch_size)):
-            extractions = self.engine.extract([doc.text for doc in batch], labels=self.requested_labels, strategy=self.decoder, decoder=self.backend)
+            extractions = self.pool.extract(self.options, [doc.text for doc in batch], self.batch_size)
             for doc, extraction in zip(batch, extractions):
                 self.set_entities(doc, extraction)
                 yield doc
@@ -114,11 +89,13 @@ class PaDeLLMNER:
         """Write the options as a small JSON file (the model itself is shipped with the package)."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        options = {"model": self.model, "labels": self.requested_labels, "decoder": self.decoder, "backend": self.backend, "batch_size": self.batch_size}
+        labels = list(self.options.labels) if self.options.labels is not None else None
+        options = {"model": self.options.model, "labels": labels, "strategy": self.options.strategy, "decoder": self.options.decoder,
+                   "batch_size": self.batch_size}
         (folder / CONFIG_FILE).write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
 
     def from_disk(self, path: str | Path, *, exclude: Iterable[str] = ()) -> "PaDeLLMNER":
-        """Read the options written by :meth:`to_disk`."""
+        """Read the options written by :meth:`to_disk` (files of older versions too)."""
         options = json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))
         self.configure(**options)
         return self
@@ -126,14 +103,18 @@ class PaDeLLMNER:
 
 @Language.factory(
     FACTORY,
-    default_config={"model": AUTO_MODEL, "labels": None, "decoder": "padellm", "backend": DEFAULT_DECODER, "batch_size": 16},
+    default_config={"model": AUTO_MODEL, "labels": None, "strategy": None, "decoder": None, "batch_size": 16, "backend": None},
     assigns=["doc.ents"],
 )
 def make_padellm_ner(
-    nlp: Language, name: str, model: str, labels: list[str] | None, decoder: str, backend: str, batch_size: int
+    nlp: Language, name: str, model: str, labels: list[str] | None, strategy: str | None, decoder: str | None, batch_size: int,
+    backend: str | None
 ) -> PaDeLLMNER:
-    """spaCy factory of :class:`PaDeLLMNER` (config: model, labels, decoder, backend, batch_size);
-    model ``"auto"`` is the shipped default for the pipeline's language (``spacy.blank("zh")`` → zh-resume)."""
+    """spaCy factory of :class:`PaDeLLMNER` (config: model, labels, strategy (default
+    ``padellm``), decoder (default ``copy``), batch_size;
+    ``backend`` is the old name of ``decoder``, and a strategy's name in ``decoder`` is read as the
+    strategy); model ``"auto"`` is the shipped default for the pipeline's language
+    (``spacy.blank("zh")`` → zh-resume)."""
     if model == AUTO_MODEL:
         model = default_model_for_language(nlp.lang)
-    return PaDeLLMNER(nlp, name, model, labels, decoder, backend, batch_size)
+    return PaDeLLMNER(nlp, name, model, labels, strategy, decoder, batch_size, backend)

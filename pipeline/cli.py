@@ -18,8 +18,8 @@ def _sessions():
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    from pipeline.crud import add_documents
     from pipeline.ingest import read_documents
-    from pipeline.service import add_documents
 
     documents = read_documents(args.file, args.format, source=args.source, language=args.language)
     with _sessions().begin() as session:  # one transaction: a conflict stores nothing
@@ -32,13 +32,14 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ner_service.settings import get_settings
-    from pipeline.routing import EngineRouter
+    from pipeline.routing import configured_pool
     from pipeline.runner import run_pending
 
     settings = get_settings()
     sessions = _sessions()
-    router = EngineRouter.configured()
-    router.engine(router.default)  # a model that cannot load fails here, before any job is created
+    pool = configured_pool()
+    pool.options(strategy=args.strategy)  # a strategy the model cannot run fails here, before any job is created
+    pool.engine(pool.default)  # ... and so does a model that cannot load
     bar: tqdm | None = None
 
     def on_start(total: int) -> None:
@@ -49,8 +50,8 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
         assert bar is not None
         bar.update(outcome.processed + outcome.failed)
 
-    status = run_pending(sessions, router, args.chunk_size or settings.pipeline_chunk_size, limit=args.limit,
-                         reprocess=settings.reprocess_on_model_change, decoder=args.decoder, on_start=on_start, on_chunk=on_chunk)
+    status = run_pending(sessions, pool, args.chunk_size or settings.pipeline_chunk_size, limit=args.limit,
+                         reprocess=settings.reprocess_on_model_change, strategy=args.strategy, on_start=on_start, on_chunk=on_chunk)
     if bar is not None:
         bar.close()
     print(json.dumps(status, indent=2) if status else "no pending documents")
@@ -58,7 +59,7 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_status(args: argparse.Namespace) -> int:
-    from pipeline.service import UnknownJobError, job_status, recent_jobs
+    from pipeline.crud import UnknownJobError, job_status, recent_jobs
 
     with _sessions()() as session:
         if args.job_id is not None:
@@ -91,7 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = actions.add_parser("run", help="process pending documents in this process (no broker needed)")
     run.add_argument("--limit", type=int, default=None, help="at most N documents")
     run.add_argument("--chunk-size", type=int, default=None, help="documents per engine call (default: PIPELINE_CHUNK_SIZE)")
-    run.add_argument("--decoder", choices=("padellm", "ar", "fast_dllm"), default="padellm")
+    run.add_argument("--strategy", "--decoder", dest="strategy", default="padellm",
+                     help="how the model is asked: padellm, ar or fast_dllm (--decoder: its old name)")
     run.set_defaults(func=cmd_jobs_run)
     status = actions.add_parser("status", help="one job's status (JSON), or the latest jobs")
     status.add_argument("job_id", nargs="?", type=int)

@@ -1,16 +1,16 @@
 """Reading documents to ingest: JSONL (``text`` plus optional ``external_id``, ``language``,
 ``source``), plain text (one document per line) or CoNLL column files (sentences joined into
-documents at ``-DOCSTART-``). Every problem raises :class:`~training.data.DataFormatError`
+documents at ``-DOCSTART-``). Every problem raises :class:`~corpora.readers.DataFormatError`
 naming the file, the line and the reason, before anything is stored."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from training.data import DOCSTART, DataFormatError, read_conll
-from pipeline.service import NewDocument
+from corpora import DOCSTART, DataFormatError, json_records, read_conll, text_of
+
+from pipeline.crud import NewDocument
 
 FORMATS = ("auto", "jsonl", "text", "conll")
 CONLL_SUFFIXES = {".conll", ".conllu", ".iob", ".iob1", ".bio", ".bmes"}
@@ -19,16 +19,7 @@ STRING_FIELDS = ("external_id", "language", "source")
 
 
 def _lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise DataFormatError(path, None, "no such file")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise DataFormatError(path, data[: error.start].count(b"\n") + 1, f"invalid UTF-8 byte 0x{data[error.start]:02x}") from None
-    if not text.strip():
-        raise DataFormatError(path, None, "file is empty")
-    return text.split("\n")
+    return text_of(path).split("\n")
 
 
 def detect_format(path: Path) -> str:
@@ -52,15 +43,7 @@ def _check_text(path: Path, number: int, text: str) -> None:
 def read_jsonl_documents(path: Path, source: str | None, language: str | None) -> list[NewDocument]:
     """One document per JSON line (blank lines skipped); ``external_id`` values must be unique."""
     documents, seen = [], {}
-    for number, line in enumerate(_lines(path), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataFormatError(path, number, f"broken JSON: {error.msg}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise DataFormatError(path, number, 'expected an object with a string "text"')
+    for number, record in json_records(path):
         for key in STRING_FIELDS:
             if record.get(key) is not None and not (isinstance(record[key], str) and record[key]):
                 raise DataFormatError(path, number, f'"{key}" must be a non-empty string')
@@ -88,7 +71,7 @@ def read_text_documents(path: Path, source: str | None, language: str | None) ->
 
 
 def read_conll_documents(path: str | Path) -> list[str]:
-    """Texts of a CoNLL column file: its sentences (as :func:`training.data.read_conll` reads
+    """Texts of a CoNLL column file: its sentences (as :func:`corpora.readers.read_conll` reads
     them) joined by newlines into one document per ``-DOCSTART-`` section (one per sentence
     when the file has no ``-DOCSTART-`` lines)."""
     path = Path(path)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ner_service.engine.ner_model import CONFIG_FILE, resolve_ner_model
 
-DEFAULT_DECODER = "padellm"
+DEFAULT_STRATEGY = "padellm"
 
 
 def _hashed_files(folder: Path) -> list[Path]:
@@ -42,7 +42,7 @@ def model_version(engine) -> str:
     return model_version_of_path(engine.ner_model.path)
 
 
-def results_version(version: str, decoder: str = DEFAULT_DECODER) -> str:
-    """The key results are stored under: the model version, plus the decoder when it is not the default."""
-    return version if decoder == DEFAULT_DECODER else f"{version}+{decoder}"
+def results_version(version: str, strategy: str = DEFAULT_STRATEGY) -> str:
+    """The key results are stored under: the model version, plus the strategy when it is not the default."""
+    return version if strategy == DEFAULT_STRATEGY else f"{version}+{strategy}"
 

@@ -1,4 +1,4 @@
-"""The pipeline's tables as typed SQLAlchemy 2 models (Alembic's ``0001_initial`` creates them)."""
+"""The pipeline's tables as typed SQLAlchemy 2 models (Alembic's revisions in ``migrations/`` create them)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class Document(Base):
 
 
 class Job(Base):
-    """A batch of documents processed by one model version and decoder."""
+    """A batch of documents processed by one model version and strategy."""
 
     __tablename__ = "jobs"
 
@@ -71,7 +71,7 @@ class Job(Base):
     processed: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
     model_version: Mapped[str] = mapped_column(String(128))
-    decoder: Mapped[str] = mapped_column(String(16), default="padellm")
+    strategy: Mapped[str] = mapped_column(String(16), default="padellm")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -11,35 +11,35 @@ import sqlalchemy.exc
 from celery.signals import worker_process_init
 from kombu.exceptions import OperationalError as BrokerError
 
+from ner_service.engine import EnginePool
 from ner_service.settings import get_settings
-from pipeline import service
+from pipeline import crud, processing, routing
 from pipeline.celery_app import app
 from pipeline.db import session_factory
-from pipeline.model_version import DEFAULT_DECODER
+from pipeline.model_version import DEFAULT_STRATEGY
 from pipeline.models import utcnow
-from pipeline.routing import EngineRouter
 
 log = logging.getLogger(__name__)
 
 #: Errors worth retrying: the database or Redis is briefly unreachable or locked.
 TRANSIENT = (sqlalchemy.exc.OperationalError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, BrokerError)
 
-_router: EngineRouter | None = None
+_pool: EnginePool | None = None
 
 
-def get_router() -> EngineRouter:
+def get_pool() -> EnginePool:
     """This process's engines: ``NER_MODEL`` and, on first use, the model of each other language."""
-    global _router
-    if _router is None or _router.default != get_settings().ner_model:
-        _router = EngineRouter.configured()
-    return _router
+    global _pool
+    if _pool is None or _pool.default != get_settings().ner_model:
+        _pool = routing.configured_pool()
+    return _pool
 
 
 @worker_process_init.connect
 def _load_engine(**_: object) -> None:
     try:
-        router = get_router()
-        router.engine(router.default)
+        pool = get_pool()
+        pool.engine(pool.default)
     except Exception:  # noqa: BLE001 - the first task loads it again and fails its job with the error
         log.exception("could not load the NER model at worker start")
 
@@ -47,8 +47,8 @@ def _load_engine(**_: object) -> None:
 def enqueue_job(job_id: int) -> int:
     """Send the job's pending documents to the workers in chunks; returns the number of chunks."""
     with session_factory()() as session:
-        pending = service.pending_document_ids(session, job_id)
-    chunks = service.chunked(pending, get_settings().pipeline_chunk_size)
+        pending = crud.pending_document_ids(session, job_id)
+    chunks = processing.chunked(pending, get_settings().pipeline_chunk_size)
     for chunk in chunks:
         process_chunk.apply_async((job_id, chunk))
     return len(chunks)
@@ -59,24 +59,24 @@ def enqueue_job(job_id: int) -> int:
 def process_chunk(self, job_id: int, document_ids: list[int]) -> dict[str, int]:
     """Process some documents of a job (idempotent: safe to run again after a crash or redelivery)."""
     try:
-        outcome = service.process_chunk(session_factory(), get_router(), job_id, document_ids)
+        outcome = processing.process_chunk(session_factory(), get_pool(), job_id, document_ids)
     except TRANSIENT:
         raise
-    except service.UnknownJobError:
+    except crud.UnknownJobError:
         log.warning("job %s no longer exists; chunk dropped", job_id)
         return {"processed": 0, "failed": 0}
     except Exception as error:
         with session_factory().begin() as session:
-            service.fail_job(session, job_id, f"{type(error).__name__}: {error}")
+            crud.fail_job(session, job_id, f"{type(error).__name__}: {error}")
         raise
     return {"processed": outcome.processed, "failed": outcome.failed}
 
 
-def start_job(document_ids: list[int], decoder: str = DEFAULT_DECODER) -> int:
+def start_job(document_ids: list[int], strategy: str = DEFAULT_STRATEGY) -> int:
     """Create a job over ``document_ids`` for the configured model and enqueue it."""
     with session_factory().begin() as session:
-        versions = EngineRouter.configured().versions_for(service.languages_of(session, document_ids))
-        job_id = service.create_job(session, document_ids, versions, decoder).id
+        versions = routing.versions_for(get_pool(), crud.languages_of(session, document_ids))
+        job_id = crud.create_job(session, document_ids, versions, strategy).id
     enqueue_job(job_id)
     return job_id
 
@@ -87,7 +87,7 @@ def nightly() -> int | None:
     document whose results are for another model version); returns its id."""
     settings = get_settings()
     with session_factory()() as session:
-        ids = service.documents_to_run(session, EngineRouter.configured().version_for, settings.reprocess_on_model_change)
+        ids = crud.documents_to_run(session, lambda language: routing.version_for(get_pool(), language), settings.reprocess_on_model_change)
     if not ids:
         log.info("nightly run: nothing to do")
         return None
@@ -102,7 +102,7 @@ def requeue_stalled() -> list[int]:
     (e.g. their messages were lost when Redis restarted without persistence)."""
     cutoff = utcnow() - timedelta(seconds=get_settings().pipeline_visibility_timeout_s)
     with session_factory().begin() as session:
-        stalled = service.stalled_jobs(session, cutoff)
+        stalled = crud.stalled_jobs(session, cutoff)
     for job_id in stalled:
         log.warning("job %s stalled; requeueing %d chunks", job_id, enqueue_job(job_id))
     return stalled

@@ -65,10 +65,10 @@ class PrivateRedis:
 
 @contextmanager
 def live_server(env: dict[str, str], log: Path, ready_timeout_s: float = 300.0) -> Iterator[str]:
-    """Run ``ner_service.api.app:create_app`` with ``env`` added to the environment until ``/readyz``
+    """Run ``padellm_ner.asgi:create_app`` with ``env`` added to the environment until ``/readyz``
     answers 200; yield its base URL; stop it. Its output goes to ``log`` (quoted when it fails to start)."""
     port = free_port()
-    command = [sys.executable, "-m", "uvicorn", "ner_service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-m", "uvicorn", "padellm_ner.asgi:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)]
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as sink:
         process = subprocess.Popen(command, cwd=REPO, env=os.environ | env, stdout=sink, stderr=subprocess.STDOUT)

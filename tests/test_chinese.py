@@ -11,7 +11,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from ner_service.engine import NEREngine, NERModelConfig, UnknownLabelError, default_model_for_language, shipped_model_names
 from ner_service.engine.model_loading import ModelNotFoundError
 from training.char_model import CHINESE_LABEL_NAMES, build_char_tokenizer, char_llama_config, extend_char_vocabulary, prompt_strings
-from training.data import read_conll
+from corpora import read_conll
 from training.examples import query_answer_pairs
 
 #: Resume dev sentence 1 (../shared/data/resume/dev.txt) and its gold spans.

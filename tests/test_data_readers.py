@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.data import DataFormatError, labels_of, read_conll, read_corpus, read_jsonl
+from corpora import DataFormatError, labels_of, read_conll, read_corpus, read_jsonl
 
 
 @pytest.mark.parametrize(

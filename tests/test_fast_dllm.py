@@ -23,7 +23,7 @@ from general_decoding.diffusion import (
 )
 from ner_service.engine import NEREngine, prompts
 from ner_service.engine import UnsupportedStrategyError
-from training.data import Example, Span
+from corpora import Example, Span
 
 TEXTS = [
     "EU rejects German call to boycott British lamb .",

@@ -55,7 +55,7 @@ def test_speculated_counts_and_mention_drafts_give_the_same_entities_in_fewer_fo
     """Speculation is lossless: the mention queries of a count of 1 fed with the count queries,
     and each known mention token followed by the text it is copied from, give the entities (and
     scores) of plain greedy PaDeLLM, one text at a time, in fewer forwards."""
-    from training.data import read_corpus
+    from corpora import read_corpus
 
     texts = [e.text for e in read_corpus(data_dir / "conll2003" / "dev.txt") if e.text.strip()][:24]
     plain = NEREngine(en_engine.ner_model, speculated_counts=())

@@ -44,8 +44,13 @@ def test_the_factory_comes_from_the_installed_entry_point() -> None:
     ("config", "message"),
     [
         ({"labels": ["PER", "FOOD"]}, "unknown label(s) 'FOOD'"),
-        ({"decoder": "beam"}, "unknown decoder 'beam'"),
-        ({"backend": "magic"}, "unknown backend 'magic'"),
+        ({"strategy": "beam"}, "unknown strategy 'beam'"),
+        ({"decoder": "magic"}, "unknown decoder 'magic'"),
+        ({"backend": "magic"}, "unknown decoder 'magic'"),
+        ({"strategy": "ar", "decoder": "padellm"}, "disagree"),
+        ({"strategy": "fast_dllm"}, "not a masked-diffusion model.*supports the strategies padellm, ar"),
+        ({"decoder": "lud"}, "decoder 'lud' cannot run on model 'tiny-conll03'.*not fine-tuned for lexical units"),
+        ({"decoder": "speculative"}, "needs a loaded draft model"),
         ({"batch_size": 0}, "batch_size must be at least 1"),
     ],
 )
@@ -88,7 +93,7 @@ def test_nlp_pipe_runs_one_engine_batch_per_batch_size_docs(tiny_engine: NEREngi
 
 
 def test_to_disk_from_disk_round_trip(tmp_path: Path) -> None:
-    options = TINY | {"labels": ["PER", "LOC"], "decoder": "ar", "backend": "greedy", "batch_size": 3}
+    options = TINY | {"labels": ["LOC", "PER"], "strategy": "ar", "decoder": "greedy", "batch_size": 3}
     nlp = spacy.blank("en")
     nlp.add_pipe(FACTORY, config=options)
     nlp.to_disk(tmp_path / "pipeline")
@@ -96,13 +101,13 @@ def test_to_disk_from_disk_round_trip(tmp_path: Path) -> None:
 
     loaded = spacy.load(tmp_path / "pipeline")  # rebuilt from config.cfg, then from_disk
     component = loaded.get_pipe(FACTORY)
-    assert (component.model, component.labels, component.decoder, component.batch_size) == ("tiny-conll03", ("PER", "LOC"), "ar", 3)
+    assert (component.options.model, component.labels, component.options.strategy, component.batch_size) == ("tiny-conll03", ("LOC", "PER"), "ar", 3)
 
     fresh = spacy.blank("en")
     fresh.add_pipe(FACTORY, config=TINY)  # default options, replaced by what was saved
     fresh.from_disk(tmp_path / "pipeline")
     restored = fresh.get_pipe(FACTORY)
-    assert (restored.labels, restored.decoder, restored.batch_size) == (("PER", "LOC"), "ar", 3)
+    assert (restored.labels, restored.options.strategy, restored.options.decoder, restored.batch_size) == (("LOC", "PER"), "ar", "greedy", 3)
     texts = ["Peter Blackburn", "BRUSSELS 1996-08-22", "EU rejects German call ."]
     original, again = list(nlp.pipe(texts)), list(fresh.pipe(texts))
     for one, other in zip(original, again):
@@ -125,13 +130,13 @@ def test_real_entities_with_the_english_model(en_engine: NEREngine) -> None:
 
 @pytest.mark.slow
 @needs_en
-@pytest.mark.parametrize("decoder", ["padellm", "ar"])
-def test_labels_and_decoder_options_take_effect(en_engine: NEREngine, decoder: str) -> None:
+@pytest.mark.parametrize("strategy", ["padellm", "ar"])
+def test_labels_and_strategy_options_take_effect(en_engine: NEREngine, strategy: str) -> None:
     nlp = spacy.blank("en")
-    nlp.add_pipe(FACTORY, config={"model": "en-conll03", "labels": ["LOC"], "decoder": decoder})
+    nlp.add_pipe(FACTORY, config={"model": "en-conll03", "labels": ["LOC"], "strategy": strategy})
     doc = nlp(SENTENCE)
     assert _ents(doc) == [("Paris", "LOC")]
-    [expected] = en_engine.extract([SENTENCE], labels=["LOC"], strategy=decoder)
+    [expected] = en_engine.extract([SENTENCE], labels=["LOC"], strategy=strategy)
     assert doc._.padellm_stats["forward_passes"] == expected.stats.forward_passes
     assert doc._.padellm_stats["generated_tokens"] == expected.stats.generated_tokens
 
@@ -156,9 +161,31 @@ def test_chinese_pipeline_uses_character_offsets() -> None:
 def test_a_blank_chinese_pipeline_gets_the_chinese_model_by_default() -> None:
     nlp = spacy.blank("zh")
     pipe = nlp.add_pipe(FACTORY)
-    assert pipe.model == "zh-resume"
+    assert pipe.options.model == "zh-resume"
     text = "高勇，男，中国国籍，无境外居留权，"
     doc = nlp(text)
     for span in doc.ents:  # character offsets into the text, whatever the model finds
         assert text[span.start_char:span.end_char] == span.text
-    assert spacy.blank("en").add_pipe(FACTORY, config={"labels": ["PER"]}).model == "en-conll03"
+    assert spacy.blank("en").add_pipe(FACTORY, config={"labels": ["PER"]}).options.model == "en-conll03"
+
+
+def test_the_old_option_names_still_configure_the_component(tmp_path: Path) -> None:
+    """Before strategy and decoder were told apart, ``decoder`` named the strategy and ``backend``
+    the token decoder: configs and saved files of that time keep working."""
+    nlp = spacy.blank("en")
+    component = nlp.add_pipe(FACTORY, config=TINY | {"decoder": "ar", "backend": "greedy"})
+    assert (component.options.strategy, component.options.decoder) == ("ar", "greedy")
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / CONFIG_FILE).write_text(json.dumps({"model": "tiny-conll03", "labels": ["PER"], "decoder": "padellm", "backend": "anpd", "batch_size": 2}))
+    component.from_disk(folder)
+    assert (component.options.strategy, component.options.decoder, component.labels, component.batch_size) == ("padellm", "anpd", ("PER",), 2)
+
+
+def test_components_of_one_model_share_its_weights_loaded_once() -> None:
+    first = spacy.blank("en").add_pipe(FACTORY, config=TINY | {"batch_size": 2})
+    second = spacy.blank("en").add_pipe(FACTORY, config=TINY | {"batch_size": 5, "strategy": "ar"})
+    assert first.pool is second.pool
+    first(spacy.blank("en")("Peter Blackburn"))
+    second(spacy.blank("en")("Peter Blackburn"))
+    assert first.pool.engine("tiny-conll03", 2).ner_model is second.pool.engine("tiny-conll03", 5).ner_model

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ner_service.engine import prompts
-from training.data import Example, Span
+from corpora import Example, Span
 from training.examples import IGNORE, build_row, query_answer_pairs
 from training.trainer import TrainConfig, answer_loss, train
 

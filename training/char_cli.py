@@ -9,14 +9,14 @@ import json
 def cmd_train_char(args: argparse.Namespace) -> int:
     import torch
 
-    from training.char_model import train_char_model
+    from training.char_model import CharConfig, train_char_model
 
     torch.set_num_threads(args.threads)
-    summary = train_char_model(
-        args.train, args.output, args.name, dev=args.dev, language=args.language, chinese_labels=args.chinese_labels,
-        epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr, batch_tokens=args.batch_tokens,
-        eval_limit=args.eval_limit, seed=args.seed, init=args.init,
-    )
+    summary = train_char_model(CharConfig(
+        train=args.train, output=args.output, name=args.name, dev=args.dev, language=args.language, chinese_labels=args.chinese_labels,
+        init=args.init, epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
+        batch_tokens=args.batch_tokens, eval_limit=args.eval_limit, limit=args.limit, seed=args.seed, device=args.device,
+    ))
     print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second", "characters_added", "history")}, indent=2))
     return 0
 
@@ -37,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--eval-limit", type=int, default=200, help="dev texts scored after each epoch")
+    parser.add_argument("--limit", type=int, default=None, help="use the first N training texts")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=cmd_train_char)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import string
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,8 +19,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ner_service.engine import prompts
-from ner_service.engine.ner_model import NERModelConfig
-from training.data import labels_of, read_corpus
+from ner_service.engine.ner_model import NERModelConfig, resolve_ner_model
+from corpora import labels_of, read_corpus
 from training.trainer import TrainConfig, train
 
 EOS = "<eos>"
@@ -87,50 +88,59 @@ def char_llama_config(vocab_size: int, eos_token_id: int, layers: int = 4, hidde
     )
 
 
-def train_char_model(
-    train_path: str,
-    output: str,
-    name: str,
-    dev: str | None = None,
-    language: str = "zh",
-    chinese_labels: bool = False,
-    epochs: float = 1.0,
-    max_steps: int | None = None,
-    max_minutes: float | None = None,
-    lr: float = 2e-3,
-    batch_tokens: int = 4096,
-    eval_limit: int | None = 200,
-    seed: int = 0,
-    init: str | None = None,
-) -> dict:
-    """Build the character tokenizer and a random small Llama (or continue the char model in
-    folder ``init``, its vocabulary extended to the new texts' characters), train it in full,
-    save it in bf16. Returns the trainer's summary and ``characters_added``."""
-    torch.manual_seed(seed)
-    examples = read_corpus(train_path)
+@dataclass
+class CharConfig:
+    """A character-model training run (``init``: a char model folder or shipped name to continue,
+    its vocabulary extended to the new texts' characters; None: a random model)."""
+
+    train: str
+    output: str
+    name: str
+    dev: str | None = None
+    language: str = "zh"
+    chinese_labels: bool = False
+    init: str | None = None
+    epochs: float = 1.0
+    max_steps: int | None = None
+    max_minutes: float | None = None
+    lr: float = 2e-3
+    batch_tokens: int = 4096
+    eval_limit: int | None = 200
+    limit: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+
+
+def train_char_model(config: CharConfig) -> dict:
+    """Build the character tokenizer and a random small Llama (or continue ``config.init``), train
+    it in full, save it in bf16. Returns the trainer's summary and ``characters_added``."""
+    torch.manual_seed(config.seed)
+    examples = read_corpus(config.train)[: config.limit]
     labels = labels_of(examples)
-    label_names = {label: CHINESE_LABEL_NAMES[label] for label in labels} if chinese_labels else {}
+    label_names = {label: CHINESE_LABEL_NAMES[label] for label in labels} if config.chinese_labels else {}
     names = [label_names.get(label, label) for label in labels]
-    start = Path(output) / "init"
+    output = Path(config.output)
+    start = output / "init"
     added = 0
-    if init is None:
+    if config.init is None:
         tokenizer = build_char_tokenizer([e.text for e in examples] + prompt_strings(names))
         LlamaForCausalLM(char_llama_config(len(tokenizer), tokenizer.eos_token_id)).save_pretrained(start)
         tokenizer.save_pretrained(start)
     else:
-        shutil.copytree(init, start, dirs_exist_ok=True)
+        shutil.copytree(resolve_ner_model(config.init), start, dirs_exist_ok=True)
         added = extend_char_vocabulary(start, [e.text for e in examples] + prompt_strings(names))
     summary = train(TrainConfig(
-        base=str(start), train=train_path, dev=dev, output=output, name=name, labels=labels, label_names=label_names,
-        language=language, full=True, lr=lr, warmup_steps=30, epochs=epochs, max_steps=max_steps, max_minutes=max_minutes, batch_tokens=batch_tokens,
-        eval_limit=eval_limit, save_every=10_000, seed=seed, dtype="float32",
+        base=str(start), train=config.train, dev=config.dev, output=config.output, name=config.name, labels=labels,
+        label_names=label_names, language=config.language, full=True, lr=config.lr, warmup_steps=30, epochs=config.epochs,
+        max_steps=config.max_steps, max_minutes=config.max_minutes, batch_tokens=config.batch_tokens, limit=config.limit,
+        eval_limit=config.eval_limit, save_every=10_000, seed=config.seed, device=config.device, dtype="float32",
     ))
     shutil.rmtree(start)
-    shutil.rmtree(Path(output) / "checkpoint", ignore_errors=True)
+    shutil.rmtree(output / "checkpoint", ignore_errors=True)
     model = LlamaForCausalLM.from_pretrained(output, dtype=torch.float32)
     model.to(torch.bfloat16).save_pretrained(output)
-    ner_config = NERModelConfig.read(Path(output))
+    ner_config = NERModelConfig.read(output)
     ner_config.max_mention_tokens, ner_config.max_ar_tokens = MAX_MENTION_CHARS, MAX_AR_CHARS
-    ner_config.write(Path(output))
+    ner_config.write(output)
     return summary | {"characters_added": added}
 

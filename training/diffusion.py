@@ -41,7 +41,7 @@ from general_decoding.diffusion.layout import bidirectional_mask, causal_prompt_
 from ner_service.engine import NERModelConfig, prompts
 from ner_service.engine.model_loading import load_causal_lm
 from ner_service.engine.ner_model import SELF_CONTAINED, NERModel
-from training.data import Example, labels_of, read_corpus
+from corpora import Example, labels_of, read_corpus
 from training.tiny_model import build_tokenizer
 from training.trainer import optimizer_step
 
@@ -78,6 +78,7 @@ class DiffusionConfig:
     limit: int | None = None
     save_minutes: float = 10.0
     seed: int = 0
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,7 @@ def train_diffusion(config: DiffusionConfig) -> dict:
     examples = read_corpus(config.train)[: config.limit]
     labels = labels_of(examples)
     start = _init_model(config, examples, labels)
+    start.model.to(config.device)
     model, tokenizer = start.model, start.tokenizer
     if start.adapted_from is not None:
         labels = start.adapted_from.labels or labels

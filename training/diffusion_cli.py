@@ -17,7 +17,7 @@ def cmd_train_diffusion(args: argparse.Namespace) -> int:
         vocab_size=args.vocab_size, hidden_size=args.hidden_size, layers=args.layers, heads=args.heads, lr=args.lr,
         lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_layers=args.lora_layers, mask_token=args.mask_token,
         warmup_steps=args.warmup_steps, batch_rows=args.batch_rows, max_steps=args.max_steps, max_minutes=args.max_minutes,
-        limit=args.limit, seed=args.seed,
+        limit=args.limit, seed=args.seed, device=args.device,
     )
     summary = train_diffusion(config)
     print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second")}, indent=2))
@@ -53,5 +53,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-minutes", type=float, default=None, help="stop after this wall time (the schedule follows it)")
     parser.add_argument("--limit", type=int, default=None, help="use the first N training texts")
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--device", default=defaults.device)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.set_defaults(func=cmd_train_diffusion)

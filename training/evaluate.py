@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from tqdm import tqdm
 
 from ner_service.engine import DEFAULT_DECODER, NEREngine
-from training.data import Example, Span
+from corpora import Example, Span
 
 SpanKey = tuple[int, int, str]
 

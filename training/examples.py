@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from general_decoding.tree_attention import PackedTree, pack_branches
 from ner_service.engine import prompts
-from training.data import Example
+from corpora import Example
 
 FORMATS = ("padellm", "ar")
 IGNORE = -100

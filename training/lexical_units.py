@@ -11,7 +11,7 @@
 
 The result is an NER model folder whose base is the fine-tuned model (``ner_model.json``
 ``base`` = its name) and whose ``lud_placeholder`` names the placeholder token, for
-:class:`general_decoding.lexical_units.LexicalUnitDecoder` (``--backend lud``).
+:class:`general_decoding.lexical_units.LexicalUnitDecoder` (``--decoder lud``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from general_decoding.tree_attention import collate_parent_trees, parents_of
 from ner_service.engine.ner_model import NERModel
-from training.data import labels_of, read_corpus
+from corpora import labels_of, read_corpus
 from training.examples import FORMATS, IGNORE, TrainingRow, build_row
 from training.trainer import length_batches, optimizer_step, packed_loss
 
@@ -53,6 +53,7 @@ class LUDConfig:
     max_minutes: float | None = None
     limit: int | None = None
     seed: int = 0
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def train_lud(config: LUDConfig) -> dict:
 
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    ner = NERModel.load(config.model)
+    ner = NERModel.load(config.model, device=config.device)
     tokenizer = ner.tokenizer
     placeholder_id = tokenizer.convert_tokens_to_ids(config.placeholder)
     if placeholder_id is None or placeholder_id == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(placeholder_id) != config.placeholder:

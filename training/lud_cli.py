@@ -17,7 +17,7 @@ def cmd_train_lud(args: argparse.Namespace) -> int:
         model=args.model, train=args.train, output=args.output, name=args.name, formats=args.formats.split(","),
         unit_size=args.unit_size, threshold=args.threshold, placeholder=args.placeholder, lora_r=args.lora_r,
         lora_alpha=args.lora_alpha, lr=args.lr, batch_tokens=args.batch_tokens, max_steps=args.max_steps,
-        max_minutes=args.max_minutes, limit=args.limit, seed=args.seed,
+        max_minutes=args.max_minutes, limit=args.limit, seed=args.seed, device=args.device,
     )
     summary = train_lud(config)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from training.lexical_units import LUDConfig
 
     defaults = LUDConfig(model="", train="", output="")
-    parser = sub.add_parser("train-lud", help="fine-tune an NER model for lexical-unit decoding (--backend lud)")
+    parser = sub.add_parser("train-lud", help="fine-tune an NER model for lexical-unit decoding (--decoder lud)")
     parser.add_argument("--model", default="en-conll03", help="the NER model to fine-tune (name or folder)")
     parser.add_argument("--train", required=True)
     parser.add_argument("--output", required=True)
@@ -46,5 +46,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-minutes", type=float, default=None)
     parser.add_argument("--limit", type=int, default=None, help="use the first N training texts")
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--device", default=defaults.device)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.set_defaults(func=cmd_train_lud)

@@ -7,13 +7,14 @@ full fine-tuning in the same trainer as the shipped model.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from corpora import labels_of, read_corpus
 from ner_service.engine import prompts
-from training.data import labels_of, read_corpus
 from training.trainer import TrainConfig, train
 
 EOS = "<eos>"
@@ -30,23 +31,39 @@ def build_tokenizer(texts: list[str], labels: list[str], vocab_size: int = 1024)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS)
 
 
-def train_tiny_model(train_path: str, output: str, dev: str | None = None, steps: int = 300, seed: int = 0) -> dict:
+@dataclass
+class TinyConfig:
+    """A tiny-model training run: a new tokenizer and 2-layer Llama, ``max_steps`` full steps."""
+
+    train: str
+    output: str
+    name: str = "tiny-conll03"
+    dev: str | None = None
+    max_steps: int = 300
+    lr: float = 3e-3
+    limit: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+
+
+def train_tiny_model(config: TinyConfig) -> dict:
     """Build the tokenizer and a randomly initialised tiny Llama, then train it (full)."""
-    examples = read_corpus(train_path)
+    examples = read_corpus(config.train)[: config.limit]
     labels = labels_of(examples)
     tokenizer = build_tokenizer([e.text for e in examples], labels)
-    init = Path(output) / "init"
-    config = LlamaConfig(
+    init = Path(config.output) / "init"
+    llama = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id, bos_token_id=None,
     )
-    LlamaForCausalLM(config).save_pretrained(init)
+    LlamaForCausalLM(llama).save_pretrained(init)
     tokenizer.save_pretrained(init)
     summary = train(TrainConfig(
-        base=str(init), train=train_path, dev=dev, output=output, name="tiny-conll03", full=True, lr=3e-3,
-        warmup_steps=20, max_steps=steps, batch_tokens=4096, eval_limit=100, save_every=10_000, seed=seed, dtype="float32",
+        base=str(init), train=config.train, dev=config.dev, output=config.output, name=config.name, full=True, lr=config.lr,
+        warmup_steps=20, max_steps=config.max_steps, batch_tokens=4096, limit=config.limit, eval_limit=100, save_every=10_000,
+        seed=config.seed, device=config.device, dtype="float32",
     ))
     shutil.rmtree(init)
-    shutil.rmtree(Path(output) / "checkpoint", ignore_errors=True)
+    shutil.rmtree(Path(config.output) / "checkpoint", ignore_errors=True)
     return summary

@@ -22,7 +22,7 @@ from general_decoding.tree_attention import collate_trees
 from ner_service.engine import NEREngine, NERModel, NERModelConfig
 from ner_service.engine.model_loading import load_causal_lm
 from ner_service.engine.ner_model import SELF_CONTAINED
-from training.data import Example, labels_of, read_corpus
+from corpora import Example, labels_of, read_corpus
 from training.evaluate import evaluate_engine
 from training.examples import FORMATS, IGNORE, TrainingRow, build_row
 

@@ -1,26 +1,25 @@
-"""The FastAPI application: :func:`create_app` (the factory uvicorn runs) and the module-level ``app``."""
+"""The FastAPI application of the engine: :func:`create_app` builds it; routers of other parts
+(the batch jobs) are mounted by whoever assembles the service (``padellm_ner.asgi``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request, status
+from fastapi import APIRouter, Depends, FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from ner_service.api.core.batching import BatchKey, MicroBatcher
+from ner_service.api.core.batching import MicroBatcher
 from ner_service.api.core.logging import RequestContextMiddleware, configure_logging
 from ner_service.api.core.metrics import Metrics, MetricsMiddleware
-from ner_service.api.core.registry import ModelRegistry
 from ner_service.api.core.security import ApiKeys, Guard, RateLimiter
 from ner_service.api.routes import entities, health, models, page
 from ner_service.api.state import ApiState, authorize
-from ner_service.engine import Extraction
+from ner_service.engine import EnginePool, ExtractOptions, Extraction
 from ner_service.settings import Settings, get_settings
-from pipeline import api as pipeline_api
 
 logger = logging.getLogger(__name__)
 #: Bytes of JSON per character in the worst case (a ``\\uXXXX`` escape), for the body-size limit.
@@ -30,7 +29,7 @@ JSON_BYTES_PER_CHAR = 6
 async def _load_default_model(state: ApiState) -> None:
     """Load NER_MODEL in the engine thread; ``/readyz`` answers 200 once it is there."""
     try:
-        await state.batcher.in_engine_thread(state.registry.engine, state.registry.default)
+        await state.batcher.in_engine_thread(state.pool.ner_model, state.pool.default)
     except Exception as error:  # reported by /readyz, which then stays 503
         state.load_error = str(error)
         logger.exception("the default model could not be loaded")
@@ -47,28 +46,29 @@ async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:
     return JSONResponse({"detail": "internal error; see the server log for this request id"}, status.HTTP_500_INTERNAL_SERVER_ERROR)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the API from ``settings`` (default: the environment). The default model loads at startup."""
+def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """Build the API from ``settings`` (default: the environment), with ``routers`` mounted behind
+    the same keys and rate limit. The default model loads at startup."""
     settings = settings or get_settings()
     configure_logging(settings.log_level)
     metrics = Metrics()
-    registry = ModelRegistry(settings.ner_model, settings.ner_dtype, settings.ner_device, settings.ner_batch_max_texts)
+    pool = EnginePool(settings.ner_model, settings.ner_dtype, settings.ner_device, settings.ner_batch_max_texts)
 
-    def run(key: BatchKey, texts: list[str]) -> list[Extraction]:
-        return registry.extract(key.model, texts, key.labels, key.decoder, key.backend)
+    def run(options: ExtractOptions, texts: list[str]) -> list[Extraction]:
+        return pool.extract(options, texts)
 
     batcher = MicroBatcher(
         run, metrics, enabled=settings.ner_microbatch, wait_ms=settings.ner_batch_wait_ms,
         wait_fraction=settings.ner_batch_wait_fraction, wait_max_ms=settings.ner_batch_wait_max_ms,
         max_texts=settings.ner_batch_max_texts, queue_max=settings.ner_queue_max,
     )
-    state = ApiState(settings, registry, batcher, metrics, Guard(ApiKeys(settings.ner_api_keys), RateLimiter(settings.ner_rate_limit_per_minute)))
+    state = ApiState(settings, pool, batcher, metrics, Guard(ApiKeys(settings.ner_api_keys), RateLimiter(settings.ner_rate_limit_per_minute)))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         batcher.start()
         loading = asyncio.create_task(_load_default_model(state))
-        logger.info("API started", extra={"model": registry.default, "microbatch": settings.ner_microbatch})
+        logger.info("API started", extra={"model": pool.default, "microbatch": settings.ner_microbatch})
         yield
         await batcher.stop()
         await asyncio.gather(loading, return_exceptions=True)
@@ -87,8 +87,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestContextMiddleware)  # outermost: every log line and response has the request id
     for router in (entities.router, models.router, health.router, page.router):
         app.include_router(router)
-    app.include_router(pipeline_api.router, dependencies=[Depends(authorize)])  # batch jobs, behind the same keys and limit
+    for router in routers:
+        app.include_router(router, dependencies=[Depends(authorize)])
     return app
-
-
-app = create_app()

@@ -31,13 +31,13 @@ PAGE = """<!doctype html>
 </head>
 <body>
 <h1>padellm-ner</h1>
-<p class="lead">Paste a text, pick the labels and the decoder, and see the entities.</p>
+<p class="lead">Paste a text, pick the labels and the strategy, and see the entities.</p>
 <form id="form">
   <textarea id="text" placeholder="Angela Merkel visited Paris ." required></textarea>
-  <fieldset><legend>Model and decoder</legend>
+  <fieldset><legend>Model and strategy</legend>
     <div class="row">
       <label>Model <select id="model"></select></label>
-      <label>Decoder <select id="decoder"><option value="padellm" selected>PaDeLLM (parallel)</option><option value="ar">autoregressive</option></select></label>
+      <label>Strategy <select id="strategy"><option value="padellm" selected>PaDeLLM (parallel)</option><option value="ar">autoregressive</option></select></label>
       <label>API key <input id="apikey" type="password" autocomplete="off" placeholder="if the server needs one"></label>
     </div>
   </fieldset>
@@ -159,11 +159,11 @@ $("form").addEventListener("submit", async (event) => {
   $("submit").disabled = true;
   document.body.dataset.state = "busy";
   try {
-    const answer = await call("/v1/entities", {method: "POST", body: JSON.stringify({text, labels, decoder: $("decoder").value, model: $("model").value})});
+    const answer = await call("/v1/entities", {method: "POST", body: JSON.stringify({text, labels, strategy: $("strategy").value, model: $("model").value})});
     const result = answer.results[0];
     render(text, result.entities, currentModel().labels, answer.labels);
     $("timing").textContent = result.entities.length + " entities in " + answer.elapsed_ms.toFixed(1) + " ms (engine " +
-      result.stats.latency_ms.toFixed(1) + " ms, " + result.stats.forward_passes + " forward passes, " + answer.decoder + ", " + answer.model + ")";
+      result.stats.latency_ms.toFixed(1) + " ms, " + result.stats.forward_passes + " forward passes, " + answer.strategy + ", " + answer.model + ")";
     showError("");
   } catch (error) { showError(error.message); }
   finally { $("submit").disabled = false; document.body.dataset.state = "done"; }

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from ner_service.engine import DEFAULT_DECODER
+from ner_service.engine import DEFAULT_DECODER, DEFAULT_STRATEGY
+
+#: A name (label, strategy, decoder): short, so that no field carries an unbounded string.
+Name = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
 def _valid_unicode(text: str) -> str:
@@ -27,10 +30,11 @@ class EntitiesRequest(BaseModel):
 
     text: str | None = Field(None, description="one text")
     texts: list[str] | None = Field(None, min_length=1, description="several texts, answered in order")
-    labels: list[str] | None = Field(None, min_length=1, description="a subset of the model's labels (default: all)")
-    decoder: Literal["padellm", "ar", "fast_dllm"] = Field("padellm", description="label-wise parallel decoding, the autoregressive baseline, or Fast-dLLM sampling of a masked-diffusion model")
-    backend: str = Field(DEFAULT_DECODER, description="the token decoder (a registered general decoder)")
-    model: str | None = Field(None, description="a shipped model name (default: the model of `language`, else the server's NER_MODEL)")
+    labels: list[Name] | None = Field(None, min_length=1, max_length=64, description="a subset of the model's labels (default: all)")
+    strategy: Name | None = Field(None, description=f"how the model is asked: `padellm` (label-wise parallel decoding, the default), `ar` (the autoregressive baseline) or `fast_dllm` (a masked-diffusion model); default {DEFAULT_STRATEGY}")
+    decoder: Name | None = Field(None, description=f"how the answers' tokens are produced: a registered decoder (default {DEFAULT_DECODER}); a strategy's name here is read as `strategy` (its old name)")
+    backend: Name | None = Field(None, deprecated=True, description="the old name of `decoder`")
+    model: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(None, description="a shipped model name (default: the model of `language`, else the server's NER_MODEL)")
     language: str | None = Field(None, min_length=2, max_length=16, description="the texts' language ('en', 'zh'): picks its default model when `model` is not given")
 
     @field_validator("text")
@@ -85,8 +89,8 @@ class EntitiesResponse(BaseModel):
 
     model: str
     labels: list[str]
+    strategy: str
     decoder: str
-    backend: str
     results: list[TextResult]
     elapsed_ms: float = Field(description="time spent in the server, queueing included")
 

@@ -1,4 +1,4 @@
-"""What the routes share: settings, the model registry, the micro-batcher, metrics and the security guard."""
+"""What the routes share: settings, the engine pool, the micro-batcher, metrics and the security guard."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from fastapi import Request
 
 from ner_service.api.core.batching import MicroBatcher
 from ner_service.api.core.metrics import Metrics
-from ner_service.api.core.registry import ModelRegistry
 from ner_service.api.core.security import Guard
+from ner_service.engine import EnginePool
 from ner_service.settings import Settings
 
 
@@ -18,7 +18,7 @@ class ApiState:
     """Created once per app by :func:`ner_service.api.app.create_app`."""
 
     settings: Settings
-    registry: ModelRegistry
+    pool: EnginePool
     batcher: MicroBatcher
     metrics: Metrics
     guard: Guard

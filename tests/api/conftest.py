@@ -9,7 +9,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from ner_service.api.app import create_app
+from padellm_ner.asgi import create_app
 from ner_service.settings import Settings
 
 TINY = "tiny-conll03"

@@ -9,17 +9,17 @@ from collections.abc import Callable
 import httpx
 from fastapi import FastAPI
 
-from ner_service.api.core.batching import BatchKey, MicroBatcher
+from ner_service.api.core.batching import MicroBatcher
 from ner_service.api.core.metrics import Metrics
 from ner_service.api.state import ApiState
-from ner_service.engine import Extraction
+from ner_service.engine import ExtractOptions, Extraction
 
 TEXT = "EU rejects German call to boycott British lamb ."
 
 
 async def _ready(app: FastAPI) -> None:
     state: ApiState = app.state.api
-    while not state.registry.is_loaded(state.registry.default):
+    while not state.pool.is_loaded(state.pool.default):
         await asyncio.sleep(0.02)
 
 
@@ -40,13 +40,13 @@ def test_concurrent_requests_share_one_engine_call(app_factory: Callable[..., Fa
 
 def test_requests_with_different_options_are_not_mixed(app_factory: Callable[..., FastAPI], tiny_engine) -> None:
     app = app_factory(ner_batch_wait_ms=2000, ner_batch_max_texts=8)
-    bodies = [{"text": TEXT, "labels": ["PER"]}] * 4 + [{"text": TEXT, "labels": ["LOC"], "decoder": "ar"}] * 4
+    bodies = [{"text": TEXT, "labels": ["PER"]}] * 4 + [{"text": TEXT, "labels": ["LOC"], "strategy": "ar"}] * 4
     responses = asyncio.run(_concurrently(app, bodies))
     for body, response in zip(bodies, responses):
         answer = response.json()
-        assert answer["labels"] == body["labels"] and answer["decoder"] == body.get("decoder", "padellm")
+        assert answer["labels"] == body["labels"] and answer["strategy"] == body.get("strategy", "padellm")
         assert answer["results"][0]["stats"]["batch_texts"] == 4
-        expected = tiny_engine.extract([TEXT], labels=body["labels"], strategy=answer["decoder"])[0]
+        expected = tiny_engine.extract([TEXT], labels=body["labels"], strategy=answer["strategy"])[0]
         assert answer["results"][0]["entities"] == [e.to_dict() for e in expected.entities]
 
 
@@ -87,7 +87,7 @@ def _batches_of_spread_requests(wait_fraction: float) -> list[int]:
     The runner stands in for the engine: what is under test is when the batcher closes a batch."""
     batches: list[int] = []
 
-    def run(key: BatchKey, texts: list[str]) -> list[Extraction]:
+    def run(key: ExtractOptions, texts: list[str]) -> list[Extraction]:
         batches.append(len(texts))
         time.sleep(1.0 if len(batches) == 1 else 0.0)
         return [Extraction(text, []) for text in texts]
@@ -96,7 +96,7 @@ def _batches_of_spread_requests(wait_fraction: float) -> list[int]:
         batcher = MicroBatcher(run, Metrics(), enabled=True, wait_ms=10, wait_fraction=wait_fraction, wait_max_ms=1000,
                                max_texts=8, queue_max=64)
         batcher.start()
-        key = BatchKey("m", None, "padellm", "greedy")
+        key = ExtractOptions("m", None, "padellm", "greedy")
         await batcher.submit(key, ["first"])
 
         async def later(delay: float, text: str) -> list[Extraction]:

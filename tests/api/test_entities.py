@@ -22,7 +22,7 @@ def test_one_text_matches_the_engine(client: TestClient, tiny_engine: NEREngine)
     response = client.post("/v1/entities", json={"text": text})
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["model"] == TINY and body["decoder"] == "padellm" and body["backend"] == DEFAULT_DECODER
+    assert body["model"] == TINY and body["strategy"] == "padellm" and body["decoder"] == DEFAULT_DECODER
     assert body["labels"] == tiny_engine.labels
     [result] = body["results"]
     assert result["entities"] == _engine_view(tiny_engine, [text])[0]
@@ -32,14 +32,26 @@ def test_one_text_matches_the_engine(client: TestClient, tiny_engine: NEREngine)
     assert body["elapsed_ms"] > 0
 
 
-@pytest.mark.parametrize("decoder", ["padellm", "ar"])
-def test_several_texts_keep_their_order_and_options(client: TestClient, tiny_engine: NEREngine, decoder: str) -> None:
-    response = client.post("/v1/entities", json={"texts": TEXTS, "labels": ["PER", "LOC"], "decoder": decoder, "backend": "greedy", "model": TINY})
+@pytest.mark.parametrize("strategy", ["padellm", "ar"])
+def test_several_texts_keep_their_order_and_options(client: TestClient, tiny_engine: NEREngine, strategy: str) -> None:
+    response = client.post("/v1/entities", json={"texts": TEXTS, "labels": ["PER", "LOC"], "strategy": strategy, "decoder": "greedy", "model": TINY})
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["labels"] == ["LOC", "PER"] and body["decoder"] == decoder
-    assert [r["entities"] for r in body["results"]] == _engine_view(tiny_engine, TEXTS, labels=["LOC", "PER"], strategy=decoder, decoder="greedy")
+    assert body["labels"] == ["LOC", "PER"] and body["strategy"] == strategy and body["decoder"] == "greedy"
+    assert [r["entities"] for r in body["results"]] == _engine_view(tiny_engine, TEXTS, labels=["LOC", "PER"], strategy=strategy, decoder="greedy")
     assert body["results"][2] == {"entities": [], "stats": body["results"][2]["stats"]}  # the empty text
+
+
+@pytest.mark.parametrize(("fields", "strategy", "decoder"), [
+    ({"decoder": "ar"}, "ar", "copy"),  # the old ``decoder`` named the strategy
+    ({"decoder": "ar", "backend": "greedy"}, "ar", "greedy"),  # ... and ``backend`` the decoder
+    ({"backend": "anpd"}, "padellm", "anpd"),
+    ({"strategy": "ar", "decoder": "ar", "backend": "greedy"}, "ar", "greedy"),
+])
+def test_the_old_field_names_are_still_understood(client: TestClient, fields: dict, strategy: str, decoder: str) -> None:
+    response = client.post("/v1/entities", json={"text": TEXTS[0], "model": TINY} | fields)
+    assert response.status_code == 200, response.text
+    assert (response.json()["strategy"], response.json()["decoder"]) == (strategy, decoder)
 
 
 def test_request_id_is_honoured_or_generated(client: TestClient) -> None:
@@ -63,8 +75,15 @@ BAD_REQUESTS = [
     pytest.param({"json": {"texts": []}}, 422, "at least 1", id="no texts"),
     pytest.param({"json": {"text": "a", "labels": []}}, 422, "at least 1", id="empty labels"),
     pytest.param({"json": {"text": "a", "labels": ["PER", "FOOD"]}}, 422, "unknown label(s) 'FOOD'", id="unknown label"),
-    pytest.param({"json": {"text": "a", "decoder": "beam"}}, 422, "Input should be 'padellm'", id="unknown decoder"),
-    pytest.param({"json": {"text": "a", "backend": "magic"}}, 422, "unknown backend 'magic'", id="unknown backend"),
+    pytest.param({"json": {"text": "a", "strategy": "beam"}}, 422, "unknown strategy 'beam'", id="unknown strategy"),
+    pytest.param({"json": {"text": "a", "decoder": "beam"}}, 422, "unknown decoder 'beam'", id="unknown decoder"),
+    pytest.param({"json": {"text": "a", "backend": "magic"}}, 422, "unknown decoder 'magic'", id="unknown backend"),
+    pytest.param({"json": {"text": "a", "strategy": "ar", "decoder": "padellm"}}, 422, "disagree", id="old and new names disagree"),
+    pytest.param({"json": {"text": "a", "decoder": "lud"}}, 422, "not fine-tuned for lexical units", id="lud on a model without"),
+    pytest.param({"json": {"text": "a", "backend": "speculative"}}, 422, "needs a loaded draft model", id="speculative by name"),
+    pytest.param({"json": {"text": "a", "strategy": "fast_dllm"}}, 422, "supports the strategies padellm, ar", id="fast_dllm on an AR model"),
+    pytest.param({"json": {"text": "a", "labels": ["x" * 65]}}, 422, "at most 64 characters", id="label too long"),
+    pytest.param({"json": {"text": "a", "labels": ["PER"] * 65}}, 422, "at most 64 items", id="too many labels"),
     pytest.param({"json": {"text": "a", "model": "../etc"}}, 422, "unknown model '../etc'", id="unknown model"),
     pytest.param({"json": {"text": "a", "language": "fr"}}, 422, "no model for language 'fr'", id="unknown language"),
     pytest.param({"json": {"text": "a", "colour": "red"}}, 422, "Extra inputs", id="unknown field"),

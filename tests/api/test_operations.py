@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ner_service.api.core.logging import JsonFormatter, request_id_var
-from ner_service.cli import build_parser
+from padellm_ner.cli import build_parser
 
 
 def test_metrics_count_requests_batches_and_tokens(client) -> None:

@@ -62,13 +62,13 @@ def _screenshot(driver, tmp_path: Path, name: str) -> Path:
     return path
 
 
-def _submit(driver, decoder: str, labels: set[str]) -> str:
-    """Pick ``decoder`` and ``labels``, submit, and wait for the new timing line; return it."""
+def _submit(driver, strategy: str, labels: set[str]) -> str:
+    """Pick ``strategy`` and ``labels``, submit, and wait for the new timing line; return it."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.select import Select
     from selenium.webdriver.support.ui import WebDriverWait
 
-    Select(driver.find_element(By.ID, "decoder")).select_by_value(decoder)
+    Select(driver.find_element(By.ID, "strategy")).select_by_value(strategy)
     for box in driver.find_elements(By.CSS_SELECTOR, "input[name=label]"):
         if box.is_selected() != (box.get_attribute("value") in labels):
             box.click()

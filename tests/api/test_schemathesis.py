@@ -15,7 +15,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from ner_service.api.app import create_app
+from padellm_ner.asgi import create_app
 from tests.api.conftest import tiny_settings
 from tests.local_services import PrivateRedis, free_port, live_server
 

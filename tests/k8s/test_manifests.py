@@ -199,7 +199,7 @@ def test_application_environment_is_made_of_settings_fields(objects):
 
 
 def test_commands_are_the_real_entry_points(objects):
-    from ner_service.cli import build_parser
+    from padellm_ner.cli import build_parser
 
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     api = command(container(objects, "api"))

@@ -11,7 +11,7 @@ import redis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from pipeline import service
+from pipeline import crud, processing
 from pipeline.model_version import model_version_of_path
 from pipeline.models import Document
 
@@ -38,11 +38,11 @@ def test_inline_job_is_stored_and_enqueued(client: TestClient, redis_db13: str, 
     answer = client.post("/v1/jobs", json={"documents": docs})
     assert answer.status_code == 202, answer.text
     body = answer.json()
-    assert body["total"] == 7 and body["status"] == "queued" and body["decoder"] == "padellm"
+    assert body["total"] == 7 and body["status"] == "queued" and body["strategy"] == "padellm"
     assert body["model_version"] == ",".join(sorted([model_version_of_path("tiny-conll03"), model_version_of_path("zh-resume")]))
     assert answer.headers["location"] == body["status_url"] == f"/v1/jobs/{body['job_id']}"
     with sessions() as session:
-        stored = service.pending_document_ids(session, body["job_id"])
+        stored = crud.pending_document_ids(session, body["job_id"])
         assert len(stored) == 7 and session.get(Document, stored[-1]).language == "zh"
     chunks = _queued_chunks(redis_db13)
     assert sorted(doc_id for args in chunks for doc_id in args[1]) == stored
@@ -52,17 +52,17 @@ def test_inline_job_is_stored_and_enqueued(client: TestClient, redis_db13: str, 
     entities = client.get(f"/v1/documents/{stored[0]}/entities").json()
     assert entities == {"document_id": stored[0], "external_id": "doc-0", "status": "pending", "error": None, "model_version": None, "entities": []}
     # resubmitting the same external ids reuses the documents
-    again = client.post("/v1/jobs", json={"documents": docs[:2], "decoder": "ar"})
-    assert again.status_code == 202 and again.json()["total"] == 2 and again.json()["decoder"] == "ar"
+    again = client.post("/v1/jobs", json={"documents": docs[:2], "decoder": "ar"})  # the old name of the strategy
+    assert again.status_code == 202 and again.json()["total"] == 2 and again.json()["strategy"] == "ar"
     assert client.post("/v1/jobs", json={"document_ids": [stored[0], stored[-1]]}).json()["total"] == 2
 
 
 def test_processed_document_entities(client: TestClient, sessions, tiny_engine) -> None:
-    from pipeline.routing import EngineRouter
+    from ner_service.engine import EnginePool
     from pipeline.runner import run_job
 
     job_id = client.post("/v1/jobs", json={"documents": [{"text": "EU rejects German call to boycott British lamb ."}, {"text": " "}]}).json()["job_id"]
-    run_job(sessions, EngineRouter.serving(tiny_engine), job_id, chunk_size=4)
+    run_job(sessions, EnginePool.serving(tiny_engine), job_id, chunk_size=4)
     with sessions() as session:
         first, second = sorted(d.id for d in session.query(Document))
     status = client.get(f"/v1/jobs/{job_id}").json()
@@ -81,7 +81,11 @@ def test_processed_document_entities(client: TestClient, sessions, tiny_engine) 
     ({"documents": []}, 422, "at least 1"),
     ({"documents": [{"external_id": "x"}]}, 422, "text"),
     ({"documents": [{"text": "x" * 20_001}]}, 422, "limit of 20000"),
-    ({"documents": [{"text": "a"}], "decoder": "beam"}, 422, "padellm"),
+    ({"documents": [{"text": "a"}], "decoder": "beam"}, 422, "unknown strategy 'beam'"),
+    ({"documents": [{"text": "a"}], "strategy": "fast_dllm"}, 422, "not a masked-diffusion model"),
+    ({"documents": [{"text": "a"}], "strategy": "ar", "decoder": "padellm"}, 422, "disagree"),
+    ({"documents": [{"text": "a"}], "colour": "red"}, 422, "Extra inputs"),
+    ({"documents": [{"text": "a", "colour": "red"}]}, 422, "Extra inputs"),
     ({"document_ids": [41, 42]}, 404, "41"),
 ])
 def test_bad_requests_get_clear_errors(client: TestClient, payload: dict, code: int, fragment: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from pipeline import service
+from pipeline import crud, processing
 from pipeline.celery_app import app, parse_cron
 from pipeline.model_version import model_version
 from pipeline.models import DocumentResult, EntityRow, Job, JobDocument
@@ -81,10 +81,10 @@ def database_url(request: pytest.FixtureRequest) -> str:
 
 def _submit(sessions, redis_url: str, engine) -> tuple[int, list[int]]:
     with sessions.begin() as session:
-        ids = service.add_documents(session, [service.NewDocument(t) for t in _texts()])
-        job_id = service.create_job(session, ids, model_version(engine)).id
+        ids = crud.add_documents(session, [crud.NewDocument(t) for t in _texts()])
+        job_id = crud.create_job(session, ids, model_version(engine)).id
     with app.connection_for_write(redis_url) as connection, connection.Producer() as producer:
-        for chunk in service.chunked(ids, 4):
+        for chunk in processing.chunked(ids, 4):
             app.send_task("pipeline.process_chunk", (job_id, chunk), producer=producer)
     return job_id, ids
 
@@ -146,7 +146,7 @@ def test_redis_restart_without_persistence_mid_job(workers: Workers, sessions, p
 
 def test_beat_fires_the_nightly_run_over_pending_documents(workers: Workers, sessions, tiny_engine) -> None:
     with sessions.begin() as session:
-        ids = service.add_documents(session, [service.NewDocument(t) for t in _texts()[:3]])
+        ids = crud.add_documents(session, [crud.NewDocument(t) for t in _texts()[:3]])
     workers.env["NIGHTLY_CRON"] = "* * * * *"  # the next minute, instead of 02:00
     workers.worker("nightly")
     workers.start("beat", "--schedule", str(workers.logs / "beat-schedule"))

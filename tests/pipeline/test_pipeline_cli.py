@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from ner_service.cli import main
+from padellm_ner.cli import main
 from ner_service.settings import get_settings
 from pipeline.db import session_factory
 from pipeline.models import Document, Job

@@ -39,4 +39,27 @@ def test_alembic_command_line_reads_database_url(sqlite_url: str) -> None:
         done = subprocess.run([sys.executable, "-m", "alembic", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         if args == ["current"]:
-            assert "0001 (head)" in done.stdout
+            assert "0002 (head)" in done.stdout
+
+
+def test_the_strategy_rename_keeps_every_jobs_strategy(database_url: str) -> None:
+    """0002 renames ``jobs.decoder`` to ``jobs.strategy``: a job stored before keeps its value,
+    and the downgrade gives it back under the old name."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from pipeline.db import alembic_config
+
+    config = alembic_config(database_url)
+    command.upgrade(config, "0001")
+    engine = get_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO jobs (id, status, total, processed, failed, model_version, decoder, created_at, updated_at) "
+                                "VALUES (7, 'completed', 0, 0, 0, 'v', 'ar', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+    command.upgrade(config, "0002")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT strategy FROM jobs WHERE id = 7")).scalar() == "ar"
+    command.downgrade(config, "0001")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT decoder FROM jobs WHERE id = 7")).scalar() == "ar"
+    command.downgrade(config, "base")

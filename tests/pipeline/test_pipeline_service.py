@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import func, select
 
 from ner_service.engine import Entity
-from pipeline import service
+from pipeline import crud, processing, routing
 from pipeline.model_version import model_version, results_version
 from pipeline.models import Document, DocumentResult, EntityRow, Job, JobDocument
-from pipeline.routing import EngineRouter
+from ner_service.engine import EnginePool
 from pipeline.runner import run_job, run_pending
 
 NAMES = re.compile(r"\b(Berlin|Paris|Angela Merkel|Peter Blackburn|Reuters)\b")
@@ -31,9 +31,10 @@ class GazetteerEngine:
 
     def __init__(self, real_engine) -> None:
         self.ner_model = real_engine.ner_model  # same model version as the real engine
+        self.max_batch_texts = real_engine.max_batch_texts
         self.calls = 0
 
-    def extract(self, texts: list[str], strategy: str = "padellm") -> list[_Extraction]:
+    def extract(self, texts: list[str], **options: object) -> list[_Extraction]:
         self.calls += 1
         if any("BOOM" in text for text in texts):
             raise RuntimeError("model error on this text")
@@ -59,19 +60,19 @@ def _counts(sessions, job_id: int) -> tuple[int, int, int, int, int]:
 
 def _new_job(sessions, engine, texts=TEXTS) -> tuple[int, list[int]]:
     with sessions.begin() as session:
-        ids = service.add_documents(session, [service.NewDocument(t, source="test") for t in texts])
-        return service.create_job(session, ids, model_version(engine)).id, ids
+        ids = crud.add_documents(session, [crud.NewDocument(t, source="test") for t in texts])
+        return crud.create_job(session, ids, model_version(engine)).id, ids
 
 
 def test_tiny_engine_job_stores_what_the_engine_returns(sessions, tiny_engine) -> None:
     job_id, ids = _new_job(sessions, tiny_engine)
-    status = run_job(sessions, EngineRouter.serving(tiny_engine), job_id, chunk_size=2)
+    status = run_job(sessions, EnginePool.serving(tiny_engine), job_id, chunk_size=2)
     assert status["status"] == "completed" and (status["processed"], status["failed"], status["total"]) == (5, 0, 5)
     assert status["model_version"] == model_version(tiny_engine) and status["progress"] == 1.0
     expected = tiny_engine.extract(TEXTS)
     with sessions() as session:
         for doc_id, result in zip(ids, expected):
-            found = service.document_entities(session, doc_id)
+            found = crud.document_entities(session, doc_id)
             assert found["status"] == "processed" and found["model_version"] == model_version(tiny_engine)
             assert [(e["start"], e["end"], e["label"]) for e in found["entities"]] == sorted((e.start, e.end, e.label) for e in result.entities)
 
@@ -81,18 +82,18 @@ def test_redelivered_chunks_write_and_count_nothing_twice(sessions, tiny_engine)
     version = model_version(engine)
     job_id, ids = _new_job(sessions, engine)
     # a worker died after committing the first two documents of the chunk
-    service.process_chunk(sessions, EngineRouter.serving(engine), job_id, ids[:2])
+    processing.process_chunk(sessions, EnginePool.serving(engine), job_id, ids[:2])
     assert _counts(sessions, job_id) == (2, 0, 5, 2, 5)
     # the whole chunk is delivered again, then once more
     for _ in range(2):
-        service.process_chunk(sessions, EngineRouter.serving(engine), job_id, ids)
+        processing.process_chunk(sessions, EnginePool.serving(engine), job_id, ids)
     processed, failed, total, markers, entity_rows = _counts(sessions, job_id)
     assert (processed, failed, total, markers) == (5, 0, 5, 5)
     assert entity_rows == sum(len(NAMES.findall(t)) for t in TEXTS) == 10
     with sessions() as session:
         assert session.get(Job, job_id).status == "completed"
         for doc_id, text in zip(ids, TEXTS):
-            rows = service.document_entities(session, doc_id)["entities"]
+            rows = crud.document_entities(session, doc_id)["entities"]
             assert [r["text"] for r in rows] == NAMES.findall(text)
             assert all(text[r["start"]:r["end"]] == r["text"] for r in rows)
 
@@ -103,9 +104,9 @@ def test_entities_and_marker_are_inserted_once_even_when_recorded_twice(sessions
     entities = engine.extract(TEXTS[:1])[0].entities
     key = results_version(model_version(engine))
     with sessions.begin() as session:
-        assert service.record_result(session, job_id, ids[0], key, entities) is True
+        assert crud.record_result(session, job_id, ids[0], key, entities) is True
     with sessions.begin() as session:
-        assert service.record_result(session, job_id, ids[0], key, entities) is False
+        assert crud.record_result(session, job_id, ids[0], key, entities) is False
     assert _counts(sessions, job_id) == (1, 0, 1, 1, 2)
 
 
@@ -113,7 +114,7 @@ def test_a_bad_document_fails_alone(sessions, tiny_engine) -> None:
     engine = GazetteerEngine(tiny_engine)
     texts = ["Angela Merkel in Paris.", "   ", "BOOM goes Berlin.", "Peter Blackburn.", "x" * 30_000]
     job_id, ids = _new_job(sessions, engine, texts)
-    outcome = service.process_chunk(sessions, EngineRouter.serving(engine), job_id, ids)
+    outcome = processing.process_chunk(sessions, EnginePool.serving(engine), job_id, ids)
     assert (outcome.processed, outcome.failed) == (2, 3)
     with sessions() as session:
         job = session.get(Job, job_id)
@@ -123,17 +124,17 @@ def test_a_bad_document_fails_alone(sessions, tiny_engine) -> None:
         assert docs[ids[2]].error == "RuntimeError: model error on this text"
         assert "NER_MAX_TEXT_CHARS" in docs[ids[4]].error
         assert [docs[i].status for i in ids] == ["processed", "failed", "failed", "processed", "failed"]
-        assert [e["text"] for e in service.document_entities(session, ids[0])["entities"]] == ["Angela Merkel", "Paris"]
+        assert [e["text"] for e in crud.document_entities(session, ids[0])["entities"]] == ["Angela Merkel", "Paris"]
 
 
 def test_documents_already_processed_by_this_version_are_counted_without_running_the_model(sessions, tiny_engine) -> None:
     engine = GazetteerEngine(tiny_engine)
     first, ids = _new_job(sessions, engine)
-    run_job(sessions, EngineRouter.serving(engine), first, chunk_size=5)
+    run_job(sessions, EnginePool.serving(engine), first, chunk_size=5)
     calls = engine.calls
     with sessions.begin() as session:
-        second = service.create_job(session, ids, model_version(engine)).id
-    status = run_job(sessions, EngineRouter.serving(engine), second, chunk_size=5)
+        second = crud.create_job(session, ids, model_version(engine)).id
+    status = run_job(sessions, EnginePool.serving(engine), second, chunk_size=5)
     assert (status["status"], status["processed"]) == ("completed", 5)
     assert engine.calls == calls
     assert _counts(sessions, second)[3:] == (5, 10)
@@ -143,45 +144,45 @@ def test_pending_and_reprocessing_on_model_change(sessions, tiny_engine) -> None
     engine = GazetteerEngine(tiny_engine)
     version = model_version(engine)
     with sessions.begin() as session:
-        ids = service.add_documents(session, [service.NewDocument(t) for t in TEXTS])
-        assert service.documents_to_run(session, lambda _: version) == ids
-    status = run_pending(sessions, EngineRouter.serving(engine), chunk_size=2, limit=3)
+        ids = crud.add_documents(session, [crud.NewDocument(t) for t in TEXTS])
+        assert crud.documents_to_run(session, lambda _: version) == ids
+    status = run_pending(sessions, EnginePool.serving(engine), chunk_size=2, limit=3)
     assert (status["total"], status["processed"]) == (3, 3)
     with sessions() as session:
-        assert service.documents_to_run(session, lambda _: version) == ids[3:]
-        assert service.documents_to_run(session, lambda _: version, reprocess=True) == ids[3:]
+        assert crud.documents_to_run(session, lambda _: version) == ids[3:]
+        assert crud.documents_to_run(session, lambda _: version, reprocess=True) == ids[3:]
         # a retrained model: only opt-in reprocessing picks up the documents processed before
-        assert service.documents_to_run(session, lambda _: "tiny-conll03-0000000000") == ids[3:]
-        assert service.documents_to_run(session, lambda _: "tiny-conll03-0000000000", reprocess=True) == ids
+        assert crud.documents_to_run(session, lambda _: "tiny-conll03-0000000000") == ids[3:]
+        assert crud.documents_to_run(session, lambda _: "tiny-conll03-0000000000", reprocess=True) == ids
         # documents in a queued job are not picked twice
-        service.create_job(session, ids[3:], version)
-        assert service.documents_to_run(session, lambda _: version) == []
+        crud.create_job(session, ids[3:], version)
+        assert crud.documents_to_run(session, lambda _: version) == []
 
 
 def test_external_ids_are_reused_for_the_same_text_and_conflict_otherwise(sessions) -> None:
     with sessions.begin() as session:
-        first = service.add_documents(session, [service.NewDocument("A text.", external_id="a"), service.NewDocument("B.", external_id="b")])
+        first = crud.add_documents(session, [crud.NewDocument("A text.", external_id="a"), crud.NewDocument("B.", external_id="b")])
     with sessions.begin() as session:
-        assert service.add_documents(session, [service.NewDocument("A text.", external_id="a")]) == first[:1]
-    with pytest.raises(service.DocumentConflictError, match="'a'"), sessions.begin() as session:
-        service.add_documents(session, [service.NewDocument("Another text.", external_id="a")])
+        assert crud.add_documents(session, [crud.NewDocument("A text.", external_id="a")]) == first[:1]
+    with pytest.raises(crud.DocumentConflictError, match="'a'"), sessions.begin() as session:
+        crud.add_documents(session, [crud.NewDocument("Another text.", external_id="a")])
     with sessions() as session:
         assert session.scalar(select(func.count()).select_from(Document)) == 2
 
 
-def test_job_creation_rejects_unknown_documents_and_decoders(sessions) -> None:
+def test_job_creation_rejects_unknown_documents_and_strategies(sessions) -> None:
     with sessions.begin() as session:
-        ids = service.add_documents(session, [service.NewDocument("A text.")])
+        ids = crud.add_documents(session, [crud.NewDocument("A text.")])
     with sessions() as session:
-        with pytest.raises(service.UnknownDocumentsError) as error:
-            service.create_job(session, [ids[0], 999], "v")
+        with pytest.raises(crud.UnknownDocumentsError) as error:
+            crud.create_job(session, [ids[0], 999], "v")
         assert error.value.missing == [999]
-        with pytest.raises(ValueError, match="decoder"):
-            service.create_job(session, ids, "v", decoder="beam")
+        with pytest.raises(ValueError, match="unknown strategy 'beam'"):
+            crud.create_job(session, ids, "v", strategy="beam")
         with pytest.raises(ValueError, match="at least one"):
-            service.create_job(session, [], "v")
-        with pytest.raises(service.UnknownJobError):
-            service.job_status(session, 12345)
+            crud.create_job(session, [], "v")
+        with pytest.raises(crud.UnknownJobError):
+            crud.job_status(session, 12345)
     with sessions() as session:
         assert session.scalar(select(func.count()).select_from(JobDocument)) == 0
 
@@ -193,31 +194,31 @@ def test_stalled_jobs_are_found_once_per_stall(sessions, tiny_engine) -> None:
 
     job_id, _ = _new_job(sessions, tiny_engine, TEXTS[:1])
     with sessions.begin() as session:
-        assert service.stalled_jobs(session, utcnow() - timedelta(hours=1)) == []
-        assert service.stalled_jobs(session, utcnow() + timedelta(seconds=1)) == [job_id]
+        assert crud.stalled_jobs(session, utcnow() - timedelta(hours=1)) == []
+        assert crud.stalled_jobs(session, utcnow() + timedelta(seconds=1)) == [job_id]
     with sessions.begin() as session:
-        assert service.stalled_jobs(session, utcnow() - timedelta(seconds=30)) == []
+        assert crud.stalled_jobs(session, utcnow() - timedelta(seconds=30)) == []
 
 
 def test_documents_go_to_the_model_of_their_language(sessions, tiny_engine) -> None:
-    router = EngineRouter.serving(tiny_engine)
+    pool = EnginePool.serving(tiny_engine)
     texts = ["Angela Merkel visited Paris.", "张三，男，1965年出生，高级经济师。", "Bonjour Paris."]
     with sessions.begin() as session:
-        ids = service.add_documents(session, [service.NewDocument(t, language=lang) for t, lang in zip(texts, [None, "zh-CN", "fr"])])
-        job_id = service.create_job(session, ids, router.versions_for(service.languages_of(session, ids))).id
-    status = run_job(sessions, router, job_id, chunk_size=5)
-    chinese_engine = router.engine("zh-resume")
+        ids = crud.add_documents(session, [crud.NewDocument(t, language=lang) for t, lang in zip(texts, [None, "zh-CN", "fr"])])
+        job_id = crud.create_job(session, ids, routing.versions_for(pool, crud.languages_of(session, ids))).id
+    status = run_job(sessions, pool, job_id, chunk_size=5)
+    chinese_engine = pool.engine("zh-resume")
     english_version, chinese_version = model_version(tiny_engine), model_version(chinese_engine)
     assert (status["processed"], status["failed"]) == (2, 1)
     assert status["model_version"] == ",".join(sorted([english_version, chinese_version]))
     expected = chinese_engine.extract([texts[1]])[0].entities
     assert expected, "the Chinese model should find the title in this resume line"
     with sessions() as session:
-        english, chinese, french = (service.document_entities(session, i) for i in ids)
+        english, chinese, french = (crud.document_entities(session, i) for i in ids)
         assert english["model_version"] == english_version
         assert chinese["model_version"] == chinese_version
         assert [(e["start"], e["end"], e["label"]) for e in chinese["entities"]] == sorted((e.start, e.end, e.label) for e in expected)
         assert french["status"] == "failed" and "no model for language 'fr'" in french["error"]
         # each document is current under its own language's model: nothing to reprocess
-        assert service.documents_to_run(session, router.version_for, reprocess=True) == []
-        assert service.documents_to_run(session, lambda _: english_version, reprocess=True) == [ids[1]]
+        assert crud.documents_to_run(session, lambda language: routing.version_for(pool, language), reprocess=True) == []
+        assert crud.documents_to_run(session, lambda _: english_version, reprocess=True) == [ids[1]]

@@ -1,1 +1,1 @@
-"""Cross-cutting parts of the API: security, micro-batching, the model registry, metrics and logging."""
+"""Cross-cutting parts of the API: security, micro-batching, metrics and logging."""

@@ -1,6 +1,6 @@
 """The micro-batcher: concurrent requests gathered for a few milliseconds and run as one ``engine.extract`` call.
 
-Requests are grouped by identical :class:`BatchKey` (model, labels, decoder, backend). All engine work,
+Requests are grouped by identical :class:`ExtractOptions` (model, labels, strategy, decoder). All engine work,
 model loading included, runs in ONE dedicated worker thread (the engine is not thread-safe), off the event loop.
 
 The gathering window opens with the first queued request and closes when the batch is full or
@@ -21,20 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ner_service.api.core.metrics import Metrics
-from ner_service.engine import Extraction
+from ner_service.engine import ExtractOptions, Extraction
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class BatchKey:
-    """What requests must share to be batched together."""
-
-    model: str
-    labels: tuple[str, ...] | None
-    decoder: str
-    backend: str
 
 
 class QueueFullError(RuntimeError):
@@ -45,12 +35,12 @@ class QueueFullError(RuntimeError):
 
 @dataclass
 class _Job:
-    key: BatchKey
+    key: ExtractOptions
     texts: list[str]
     future: asyncio.Future[list[Extraction]] = field(repr=False)
 
 
-Runner = Callable[[BatchKey, list[str]], list[Extraction]]
+Runner = Callable[[ExtractOptions, list[str]], list[Extraction]]
 
 
 class MicroBatcher:
@@ -87,7 +77,7 @@ class MicroBatcher:
         """Run ``fn(*args)`` in the engine thread (e.g. loading a model), after the work queued there."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def submit(self, key: BatchKey, texts: list[str]) -> list[Extraction]:
+    async def submit(self, key: ExtractOptions, texts: list[str]) -> list[Extraction]:
         """The extractions of ``texts``; raises :class:`QueueFullError` when the queue is full."""
         if self._pending_texts >= self._queue_max:
             raise QueueFullError(f"the queue holds {self._pending_texts} texts (NER_QUEUE_MAX={self._queue_max}); retry later")
@@ -102,7 +92,7 @@ class MicroBatcher:
             jobs = [await self._queue.get()]
             if self.enabled:
                 await self._gather_more(jobs)
-            groups: dict[BatchKey, list[_Job]] = {}
+            groups: dict[ExtractOptions, list[_Job]] = {}
             for job in jobs:
                 groups.setdefault(job.key, []).append(job)
             for key, group in groups.items():
@@ -133,7 +123,7 @@ class MicroBatcher:
             if job.key == first:
                 texts += len(job.texts)
 
-    async def _process(self, key: BatchKey, group: list[_Job]) -> None:
+    async def _process(self, key: ExtractOptions, group: list[_Job]) -> None:
         live = [job for job in group if not job.future.done()]  # a timed-out request is dropped
         texts = [text for job in live for text in job.texts]
         try:

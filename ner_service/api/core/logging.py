@@ -10,7 +10,9 @@ import uuid
 from contextvars import ContextVar
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ner_service.api.core.responses import ResponseWatch
 
 REQUEST_ID_HEADER = "X-Request-ID"
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -80,21 +82,13 @@ class RequestContextMiddleware:
         request_id = _incoming_request_id(scope)
         token = request_id_var.set(request_id)
         began = time.perf_counter()
-        status = 500
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))]
-            await send(message)
-
+        watch = ResponseWatch(send, [(b"x-request-id", request_id.encode("latin-1"))])
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive, watch)
         finally:
             access_log.info(
-                "%s %s %d", scope["method"], scope["path"], status,
-                extra={"method": scope["method"], "path": scope["path"], "status": status,
+                "%s %s %d", scope["method"], scope["path"], watch.status,
+                extra={"method": scope["method"], "path": scope["path"], "status": watch.status,
                        "duration_ms": round((time.perf_counter() - began) * 1000, 2)},
             )
             request_id_var.reset(token)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ner_service.api.core.responses import ResponseWatch
 
 from ner_service.engine import Extraction
 
@@ -66,17 +68,10 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         began = time.perf_counter()
-        status = 500
-
-        async def send_recording(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        watch = ResponseWatch(send)
         try:
-            await self.app(scope, receive, send_recording)
+            await self.app(scope, receive, watch)
         finally:
             route = _route_template(scope)
-            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            self.metrics.requests.labels(route, scope["method"], str(watch.status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - began)

@@ -7,11 +7,10 @@ import time
 
 from fastapi import APIRouter, Depends, HTTPException, status
 
-from ner_service.api.core.batching import BatchKey, QueueFullError
-from ner_service.api.core.registry import ModelLoadError
+from ner_service.api.core.batching import QueueFullError
 from ner_service.api.schemas import EntitiesRequest, EntitiesResponse, EntityOut, ErrorResponse, StatsOut, TextResult
 from ner_service.api.state import ApiState, api_state, authorize
-from ner_service.engine import ModelNotFoundError, model_for_language
+from ner_service.engine import InvalidOptionsError, ModelLoadError, ModelNotFoundError
 
 router = APIRouter(prefix="/v1", tags=["entities"], dependencies=[Depends(authorize)])
 
@@ -21,7 +20,7 @@ ERRORS = {
         400: "the body is not valid UTF-8 JSON",
         401: "missing or invalid API key",
         413: "too many texts, a text too long, or a body too large",
-        422: "invalid request: wrong types, unknown label, decoder, backend or model",
+        422: "invalid request: wrong types; an unknown model, label, strategy or decoder, or one the model cannot run",
         429: "rate limit exceeded or queue full (see Retry-After)",
         503: "the model could not be loaded",
         504: "the request timed out (NER_REQUEST_TIMEOUT_S)",
@@ -46,14 +45,11 @@ async def extract_entities(body: EntitiesRequest, state: ApiState = Depends(api_
     texts = body.all_texts()
     _check_limits(texts, state)
     try:
-        model = body.model or model_for_language(body.language, state.registry.default)
-        state.registry.validate(model, body.labels, body.decoder, body.backend)
-    except (ValueError, ModelNotFoundError) as error:
+        options = state.pool.options(body.model, body.language, body.labels, body.strategy, body.decoder, body.backend)
+    except (InvalidOptionsError, ModelNotFoundError) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
-    labels = tuple(sorted(set(body.labels))) if body.labels else None
-    key = BatchKey(model, labels, body.decoder, body.backend)
     try:
-        extractions = await asyncio.wait_for(state.batcher.submit(key, texts), state.settings.ner_request_timeout_s)
+        extractions = await asyncio.wait_for(state.batcher.submit(options, texts), state.settings.ner_request_timeout_s)
     except QueueFullError as error:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(error), headers={"Retry-After": str(error.retry_after_s)}) from None
     except TimeoutError:
@@ -62,10 +58,10 @@ async def extract_entities(body: EntitiesRequest, state: ApiState = Depends(api_
     except ModelLoadError as error:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from None
     return EntitiesResponse(
-        model=model,
-        labels=list(labels or state.registry.config(model).labels),
-        decoder=body.decoder,
-        backend=body.backend,
+        model=options.model,
+        labels=list(options.labels or state.pool.config(options.model).labels),
+        strategy=options.strategy,
+        decoder=options.decoder,
         results=[
             TextResult(entities=[EntityOut(**entity.to_dict()) for entity in extraction.entities], stats=StatsOut(**extraction.stats.to_dict()))
             for extraction in extractions

@@ -21,8 +21,8 @@ async def healthz() -> HealthResponse:
 @router.get("/readyz", response_model=ReadyResponse, responses={503: {"model": ReadyResponse, "description": "the default model is not loaded yet"}})
 async def readyz(state: ApiState = Depends(api_state)) -> ReadyResponse | JSONResponse:
     """Readiness: the default model (NER_MODEL) is loaded."""
-    model = state.registry.default
-    if state.registry.is_loaded(model):
+    model = state.pool.default
+    if state.pool.is_loaded(model):
         return ReadyResponse(status="ready", model=model)
     body = ReadyResponse(status="failed" if state.load_error else "loading", model=model, detail=state.load_error)
     return JSONResponse(body.model_dump(), status_code=status.HTTP_503_SERVICE_UNAVAILABLE)

@@ -26,13 +26,13 @@ def dev_f1(metrics: dict[str, Any]) -> float | None:
             responses={401: {"model": ErrorResponse}, 429: {"model": ErrorResponse}})
 async def list_models(state: ApiState = Depends(api_state)) -> ModelsResponse:
     """Every model a request may name, with its labels and dev F1."""
-    registry = state.registry
+    pool = state.pool
     models = []
-    for name in registry.names():
-        config = registry.config(name)
+    for name in pool.names():
+        config = pool.config(name)
         models.append(ModelInfo(
             name=name, language=config.language, labels=config.labels, base=config.base,
             adapter=config.base != SELF_CONTAINED, dev_f1=dev_f1(config.metrics),
-            default=name == registry.default, loaded=registry.is_loaded(name),
+            default=name == pool.default, loaded=pool.is_loaded(name),
         ))
-    return ModelsResponse(default=registry.default, models=models)
+    return ModelsResponse(default=pool.default, models=models)

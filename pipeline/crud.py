@@ -1,4 +1,4 @@
-"""Job logic shared by the Celery tasks, the in-process runner and the REST router.
+"""Database operations of the pipeline: documents, jobs and their results.
 
 Exactly-once results: a document's entities for a results version are inserted in the same
 transaction as its ``document_results`` marker (both ``INSERT ... ON CONFLICT DO NOTHING``),
@@ -9,7 +9,6 @@ that transaction. A redelivered chunk therefore writes and counts nothing twice.
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,15 +16,12 @@ from typing import Any
 
 from sqlalchemy import Table, and_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from ner_service.engine import STRATEGIES, ModelNotFoundError
-from ner_service.settings import get_settings
-from pipeline.model_version import DEFAULT_DECODER, results_version
+from ner_service.engine import available_strategies
+from pipeline.model_version import DEFAULT_STRATEGY
 from pipeline.models import Document, DocumentResult, DocumentStatus, EntityRow, Job, JobDocument, JobStatus, utcnow
-from pipeline.routing import EngineRouter
-
-log = logging.getLogger(__name__)
+from pipeline.schemas import DocumentEntitiesOut, EntityOut, JobOut
 
 
 class UnknownJobError(LookupError):
@@ -54,27 +50,9 @@ class NewDocument:
     source: str | None = None
 
 
-@dataclass
-class ChunkOutcome:
-    """What one :func:`process_chunk` call changed: documents newly processed or failed in the job."""
-
-    processed: int = 0
-    failed: int = 0
-
-
 def content_hash(text: str) -> str:
     """SHA-256 of the text (hex)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def text_problem(text: str) -> str | None:
-    """Why ``text`` cannot be processed, or ``None``."""
-    if not text.strip():
-        return "empty text"
-    limit = get_settings().ner_max_text_chars
-    if len(text) > limit:
-        return f"text has {len(text)} characters, more than NER_MAX_TEXT_CHARS={limit}"
-    return None
 
 
 def insert_ignoring_conflicts(session: Session, table: Table):
@@ -84,11 +62,6 @@ def insert_ignoring_conflicts(session: Session, table: Table):
     if module is None:
         raise NotImplementedError(f"unsupported database dialect {dialect!r}")
     return module.insert(table).on_conflict_do_nothing()
-
-
-def chunked(items: Sequence[int], size: int) -> list[list[int]]:
-    """``items`` in lists of at most ``size``."""
-    return [list(items[i:i + size]) for i in range(0, len(items), max(1, size))]
 
 
 def add_documents(session: Session, documents: Iterable[NewDocument]) -> list[int]:
@@ -118,11 +91,11 @@ def add_documents(session: Session, documents: Iterable[NewDocument]) -> list[in
     return ids
 
 
-def create_job(session: Session, document_ids: Sequence[int], model_version: str, decoder: str = DEFAULT_DECODER) -> Job:
+def create_job(session: Session, document_ids: Sequence[int], model_version: str, strategy: str = DEFAULT_STRATEGY) -> Job:
     """A queued job over the (deduplicated) documents; raises ``ValueError`` for no documents or an
-    unknown decoder and :class:`UnknownDocumentsError` for ids that do not exist."""
-    if decoder not in STRATEGIES:
-        raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(STRATEGIES)}")
+    unknown strategy and :class:`UnknownDocumentsError` for ids that do not exist."""
+    if strategy not in available_strategies():
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(available_strategies())}")
     unique = list(dict.fromkeys(document_ids))
     if not unique:
         raise ValueError("a job needs at least one document")
@@ -130,7 +103,7 @@ def create_job(session: Session, document_ids: Sequence[int], model_version: str
     missing = [i for i in unique if i not in found]
     if missing:
         raise UnknownDocumentsError(missing)
-    job = Job(status=JobStatus.QUEUED, total=len(unique), processed=0, failed=0, model_version=model_version, decoder=decoder)
+    job = Job(status=JobStatus.QUEUED, total=len(unique), processed=0, failed=0, model_version=model_version, strategy=strategy)
     session.add(job)
     session.flush()
     session.add_all(JobDocument(job_id=job.id, document_id=i, status=DocumentStatus.PENDING) for i in unique)
@@ -169,20 +142,6 @@ def documents_to_run(session: Session, version_of: Callable[[str | None], str | 
             wanted = wanted | ((Document.status == DocumentStatus.PROCESSED) & Document.id.not_in(current))
     query = select(Document.id).where(wanted, Document.id.not_in(active)).order_by(Document.id)
     return list(session.scalars(query.limit(limit) if limit else query))
-
-
-def _extract(engine, texts: list[str], decoder: str) -> list[list[Any] | Exception]:
-    """Entities per text; when the batch fails, each text alone so that one bad text fails alone."""
-    try:
-        return [result.entities for result in engine.extract(texts, strategy=decoder)]
-    except Exception:  # noqa: BLE001 - isolate the failing text below
-        outcomes: list[list[Any] | Exception] = []
-        for text in texts:
-            try:
-                outcomes.append(engine.extract([text], strategy=decoder)[0].entities)
-            except Exception as error:  # noqa: BLE001 - stored as the document's error
-                outcomes.append(error)
-        return outcomes
 
 
 def _count(session: Session, job_id: int, column: str, now: datetime) -> None:
@@ -231,61 +190,6 @@ def record_failure(session: Session, job_id: int, document_id: int, error: str) 
     return True
 
 
-def process_chunk(sessions: sessionmaker[Session], router: EngineRouter, job_id: int, document_ids: Sequence[int]) -> ChunkOutcome:
-    """Run the chunk's still-pending documents of a job through the engine of each document's
-    language and record each document in its own transaction, under that engine's model
-    version. Safe to call again with the same arguments (redelivery): finished documents are skipped."""
-    outcome = ChunkOutcome()
-    with sessions.begin() as session:
-        # the write comes first so that SQLite takes its write lock before any read
-        session.execute(
-            update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED).values(status=JobStatus.RUNNING, started_at=utcnow(), updated_at=utcnow())
-        )
-        job = session.get(Job, job_id)
-        if job is None:
-            raise UnknownJobError(f"no job {job_id}")
-        if job.status not in JobStatus.ACTIVE:
-            return outcome
-        decoder = job.decoder
-        rows = session.execute(
-            select(Document.id, Document.text, Document.language)
-            .join(JobDocument, JobDocument.document_id == Document.id)
-            .where(JobDocument.job_id == job_id, JobDocument.status == DocumentStatus.PENDING, Document.id.in_(list(document_ids)))
-            .order_by(Document.id)
-        ).all()
-    results: dict[int, tuple[str, Sequence[Any]] | str] = {}  # (results version, entities) or an error
-    by_model: dict[str, list[Any]] = {}
-    for row in rows:
-        try:
-            by_model.setdefault(router.model_for(row.language), []).append(row)
-        except ModelNotFoundError as error:
-            results[row.id] = str(error)
-    for model, model_rows in by_model.items():
-        key = results_version(router.version(model), decoder)
-        with sessions() as session:
-            done = set(session.scalars(select(DocumentResult.document_id).where(
-                DocumentResult.model_version == key, DocumentResult.document_id.in_([r.id for r in model_rows]))))
-        to_run = []
-        for row in model_rows:
-            if row.id in done:
-                results[row.id] = (key, ())  # stored earlier under this version: only the job's count moves
-            elif problem := text_problem(row.text):
-                results[row.id] = problem
-            else:
-                to_run.append(row)
-        if to_run:
-            for row, entities in zip(to_run, _extract(router.engine(model), [r.text for r in to_run], decoder)):
-                results[row.id] = f"{type(entities).__name__}: {entities}" if isinstance(entities, Exception) else (key, entities)
-    for row in rows:
-        value = results[row.id]
-        with sessions.begin() as session:
-            if isinstance(value, str):
-                outcome.failed += record_failure(session, job_id, row.id, value)
-            else:
-                outcome.processed += record_result(session, job_id, row.id, *value)
-    return outcome
-
-
 def fail_job(session: Session, job_id: int, error: str) -> None:
     """Mark an active job as failed with ``error`` (a job-level failure, e.g. the model cannot load)."""
     now = utcnow()
@@ -303,32 +207,26 @@ def stalled_jobs(session: Session, older_than: datetime) -> list[int]:
 
 
 def job_status(session: Session, job_id: int) -> dict[str, Any]:
-    """The job's status and progress as a JSON-ready dict; raises :class:`UnknownJobError`."""
+    """The job's status and progress as a JSON-ready dict (:class:`JobOut`); raises :class:`UnknownJobError`."""
     job = session.get(Job, job_id)
     if job is None:
         raise UnknownJobError(f"no job {job_id}")
-    return _job_dict(job)
+    return _job_out(job)
 
 
 def recent_jobs(session: Session, limit: int = 20) -> list[dict[str, Any]]:
     """The latest jobs, newest first."""
-    return [_job_dict(job) for job in session.scalars(select(Job).order_by(Job.id.desc()).limit(limit))]
+    return [_job_out(job) for job in session.scalars(select(Job).order_by(Job.id.desc()).limit(limit))]
 
 
-def _job_dict(job: Job) -> dict[str, Any]:
-    def iso(value: datetime | None) -> str | None:
-        return value.isoformat() if value else None
-
-    return {
-        "id": job.id, "status": job.status, "total": job.total, "processed": job.processed, "failed": job.failed,
-        "progress": round((job.processed + job.failed) / job.total, 4) if job.total else 1.0,
-        "model_version": job.model_version, "decoder": job.decoder, "created_at": iso(job.created_at),
-        "started_at": iso(job.started_at), "finished_at": iso(job.finished_at), "error": job.error,
-    }
+def _job_out(job: Job) -> dict[str, Any]:
+    progress = round((job.processed + job.failed) / job.total, 4) if job.total else 1.0
+    return JobOut.model_validate({**{c: getattr(job, c) for c in JobOut.model_fields if c != "progress"}, "progress": progress}).model_dump(mode="json")
 
 
 def document_entities(session: Session, document_id: int, version: str | None = None) -> dict[str, Any] | None:
-    """A document's entities for ``version`` (default: its latest results), or ``None`` if the document does not exist."""
+    """A document's entities for ``version`` (default: its latest results) as a JSON-ready dict
+    (:class:`DocumentEntitiesOut`), or ``None`` if the document does not exist."""
     document = session.get(Document, document_id)
     if document is None:
         return None
@@ -337,9 +235,5 @@ def document_entities(session: Session, document_id: int, version: str | None = 
                                  .order_by(DocumentResult.created_at.desc()).limit(1))
     entities = session.scalars(select(EntityRow).where(EntityRow.document_id == document_id, EntityRow.model_version == version)
                                .order_by(EntityRow.start, EntityRow.end, EntityRow.label)) if version else []
-    return {
-        "document_id": document.id, "external_id": document.external_id, "status": document.status, "error": document.error,
-        "model_version": version,
-        "entities": [{"start": e.start, "end": e.end, "label": e.label, "text": e.text, "score": e.score} for e in entities],
-    }
-
+    return DocumentEntitiesOut(document_id=document.id, external_id=document.external_id, status=document.status, error=document.error,
+                               model_version=version, entities=[EntityOut.model_validate(e) for e in entities]).model_dump(mode="json")

@@ -8,9 +8,9 @@ import uvicorn
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve ``ner_service.api.app:create_app`` (settings from the environment)."""
+    """Serve :func:`padellm_ner.asgi.create_app` (settings from the environment)."""
     uvicorn.run(
-        "ner_service.api.app:create_app", factory=True, host=args.host, port=args.port, workers=args.workers,
+        "padellm_ner.asgi:create_app", factory=True, host=args.host, port=args.port, workers=args.workers,
         proxy_headers=True, forwarded_allow_ips=args.forwarded_allow_ips, access_log=False,
     )
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +48,10 @@ class Example:
         return [self.text[s.start:s.end] for s in self.spans if s.label == label]
 
 
-def _read_text(path: Path) -> str:
+def text_of(path: Path) -> str:
+    """The file's text: it must exist, be UTF-8 and not be empty."""
+    if not path.is_file():
+        raise DataFormatError(path, None, "no such file")
     data = path.read_bytes()
     if not data.strip():
         raise DataFormatError(path, None, "file is empty")
@@ -56,6 +60,21 @@ def _read_text(path: Path) -> str:
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
         raise DataFormatError(path, line, f"invalid UTF-8 byte 0x{data[error.start]:02x}") from None
+
+
+def json_records(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` of each non-blank line of a JSONL file; every object must have
+    a string ``"text"``."""
+    for number, line in enumerate(text_of(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataFormatError(path, number, f"broken JSON: {error.msg}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise DataFormatError(path, number, 'expected an object with a string "text"')
+        yield number, record
 
 
 def _is_cjk(token: str) -> bool:
@@ -99,7 +118,7 @@ def read_conll(path: str | Path, scheme: str = "auto", joiner: str | None = None
     sentences: list[list[tuple[str, str]]] = []
     current: list[tuple[str, str]] = []
     columns: int | None = None
-    for number, line in enumerate(_read_text(path).split("\n"), start=1):
+    for number, line in enumerate(text_of(path).split("\n"), start=1):
         fields = line.split()
         if not fields:
             if current:
@@ -141,15 +160,7 @@ def read_jsonl(path: str | Path) -> list[Example]:
     """Read ``{"text": ..., "entities": [{"start", "end", "label"}]}`` lines (``entities`` optional)."""
     path = Path(path)
     examples = []
-    for number, line in enumerate(_read_text(path).split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataFormatError(path, number, f"broken JSON: {error.msg}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise DataFormatError(path, number, 'expected an object with a string "text"')
+    for number, record in json_records(path):
         text, spans = record["text"], []
         entities = record.get("entities", [])
         if not isinstance(entities, list):

@@ -1,5 +1,5 @@
 """The ``padellm-ner`` command line: extract, evaluate, train, models (and the commands of
-the API and the pipeline, registered from their own modules)."""
+the API, the pipeline and the trainers, registered from their own modules)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from general_decoding import available_decoders
 
 #: Modules that add sub-commands: each defines ``register(subparsers)``.
-COMMAND_MODULES: list[str] = ["pipeline.cli", "ner_service.api.cli", "training.diffusion_cli", "training.char_cli", "training.lud_cli"]
+COMMAND_MODULES: list[str] = [
+    "pipeline.cli", "padellm_ner.serve", "training.train_cli", "training.diffusion_cli", "training.char_cli", "training.lud_cli",
+]
 
 
 def _engine(args: argparse.Namespace):
@@ -25,12 +27,23 @@ def _engine(args: argparse.Namespace):
                           repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned)
 
 
-def _add_engine_options(parser: argparse.ArgumentParser, backend_flag: str = "--backend") -> None:
-    from ner_service.engine import DEFAULT_DECODER, DEFAULT_MODEL, STRATEGIES
+def _options(args: argparse.Namespace):
+    """The run's :class:`ExtractOptions`, validated against the model (old flag names included)."""
+    from ner_service.engine import NERModelConfig, options_from
+    from ner_service.engine.ner_model import resolve_ner_model
+
+    options = options_from(args.model, _labels(args), args.strategy, args.decoder, args.backend)
+    return options.validated(NERModelConfig.read(resolve_ner_model(args.model)))
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    from ner_service.engine import DEFAULT_DECODER, DEFAULT_MODEL, DEFAULT_STRATEGY, available_strategies
 
     parser.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
-    parser.add_argument("--decoder", choices=STRATEGIES, default="padellm", help="PaDeLLM or the autoregressive baseline")
-    parser.add_argument(backend_flag, dest="backend", default=DEFAULT_DECODER, help=f"token decoder (default: %(default)s): {', '.join(available_decoders())}")
+    parser.add_argument("--strategy", default=None, help=f"how the model is asked (default {DEFAULT_STRATEGY}): {', '.join(available_strategies())}")
+    parser.add_argument("--decoder", default=None, help=f"how the answers' tokens are produced (default {DEFAULT_DECODER}): "
+                                                        f"{', '.join(available_decoders())}; a strategy's name here is read as --strategy (its old name)")
+    parser.add_argument("--backend", default=None, help=argparse.SUPPRESS)  # the old name of --decoder
     parser.add_argument("--labels", default=None, help="comma-separated subset of the model's labels")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -47,52 +60,32 @@ def _labels(args: argparse.Namespace) -> list[str] | None:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
+    options = _options(args)
     engine = _engine(args)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
-    results = engine.extract(texts, labels=_labels(args), strategy=args.decoder, decoder=args.backend)
+    results = engine.extract(texts, labels=options.labels, strategy=options.strategy, decoder=options.decoder)
     payload = [{"text": text, **result.to_dict()} for text, result in zip(texts, results)]
     print(json.dumps(payload if len(payload) != 1 else payload[0], ensure_ascii=False, indent=2))
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from training.data import read_corpus
+    from corpora import read_corpus
     from training.evaluate import evaluate_engine
 
+    options = _options(args)
     examples = read_corpus(args.path)[: args.limit]
     engine = _engine(args)
-    report = evaluate_engine(engine, examples, strategy=args.decoder, decoder=args.backend, batch_size=args.batch_size, labels=_labels(args))
+    report = evaluate_engine(engine, examples, strategy=options.strategy, decoder=options.decoder, batch_size=args.batch_size, labels=options.labels)
     report["model"] = engine.name
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
-        print(f"{engine.name} {args.decoder}/{args.backend}: micro-F1 {report['micro_f1']:.2f} "
+        print(f"{engine.name} {options.strategy}/{options.decoder}: micro-F1 {report['micro_f1']:.2f} "
               f"(P {report['precision']:.2f}, R {report['recall']:.2f}) on {report['n_sentences']} texts; "
               f"latency mean {report['latency_ms']['mean']:.0f} ms per batch of {args.batch_size}")
         for label, s in report["per_label"].items():
             print(f"  {label:>10}: P {s['precision']:6.2f}  R {s['recall']:6.2f}  F1 {s['f1']:6.2f}")
-    return 0
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    from training.trainer import TrainConfig, train
-
-    config = TrainConfig(
-        base=args.base, train=args.train, dev=args.dev, output=args.output, name=args.name, language=args.language,
-        labels=_labels(args), formats=args.formats.split(","), full=args.full, lora_r=args.lora_r, lora_alpha=args.lora_alpha, lr=args.lr,
-        epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, limit=args.limit,
-        eval_limit=args.eval_limit, eval_batch_size=args.eval_batch_size, seed=args.seed, device=args.device, dtype=args.dtype, resume=args.resume,
-    )
-    summary = train(config)
-    print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second", "history")}, indent=2))
-    return 0
-
-
-def cmd_train_tiny(args: argparse.Namespace) -> int:
-    from training.tiny_model import train_tiny_model
-
-    summary = train_tiny_model(args.train, args.output, dev=args.dev, steps=args.max_steps, seed=args.seed)
-    print(json.dumps(summary["history"], indent=2))
     return 0
 
 
@@ -125,40 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
-    trainer = sub.add_parser("train", help="fine-tune a causal LM for PaDeLLM-NER (and the AR baseline)")
-    trainer.add_argument("--base", default="smollm2-135m-instruct", help="base model: the alias, a .gguf or a HF folder")
-    trainer.add_argument("--train", required=True)
-    trainer.add_argument("--dev", default=None)
-    trainer.add_argument("--output", required=True)
-    trainer.add_argument("--name", default="padellm-ner")
-    trainer.add_argument("--language", default="en")
-    trainer.add_argument("--labels", default=None)
-    trainer.add_argument("--formats", default="padellm,ar")
-    trainer.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
-    trainer.add_argument("--lora-r", type=int, default=16)
-    trainer.add_argument("--lora-alpha", type=int, default=32)
-    trainer.add_argument("--lr", type=float, default=8e-4)
-    trainer.add_argument("--epochs", type=float, default=1.0)
-    trainer.add_argument("--max-steps", type=int, default=None)
-    trainer.add_argument("--max-minutes", type=float, default=None, help="stop after this many minutes of training steps")
-    trainer.add_argument("--batch-tokens", type=int, default=2048)
-    trainer.add_argument("--limit", type=int, default=None, help="use the first N training texts")
-    trainer.add_argument("--eval-limit", type=int, default=200, help="dev texts scored after each epoch")
-    trainer.add_argument("--eval-batch-size", type=int, default=16)
-    trainer.add_argument("--seed", type=int, default=0)
-    trainer.add_argument("--device", default="cpu")
-    trainer.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    trainer.add_argument("--resume", action="store_true")
-    trainer.set_defaults(func=cmd_train)
-
-    tiny = sub.add_parser("train-tiny", help="train the tiny from-scratch Llama used by fast tests")
-    tiny.add_argument("--train", required=True)
-    tiny.add_argument("--dev", default=None)
-    tiny.add_argument("--output", required=True)
-    tiny.add_argument("--max-steps", type=int, default=300)
-    tiny.add_argument("--seed", type=int, default=0)
-    tiny.set_defaults(func=cmd_train_tiny)
-
     models = sub.add_parser("models", help="list the shipped models")
     models.set_defaults(func=cmd_models)
 
@@ -173,9 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from ner_service.engine import ModelNotFoundError, UnknownLabelError
+    from corpora import DataFormatError
     from general_decoding import UnknownDecoderError
-    from training.data import DataFormatError
+    from ner_service.engine import ModelNotFoundError, UnknownLabelError
 
     try:
         return args.func(args)

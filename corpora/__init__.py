@@ -1,0 +1,7 @@
+"""NER corpora as :class:`Example` objects with character-offset spans: CoNLL-style column files
+(IOB1, BIO, BMES; Weibo's char+position tokens) and JSONL. Below both ``training`` and
+``pipeline``, and free of the service: any of them reads a corpus the same way."""
+
+from corpora.readers import DOCSTART, DataFormatError, Example, Span, json_records, labels_of, read_conll, read_corpus, read_jsonl, text_of
+
+__all__ = ["DOCSTART", "DataFormatError", "Example", "Span", "json_records", "labels_of", "read_conll", "read_corpus", "read_jsonl", "text_of"]

@@ -1,0 +1,114 @@
+"""Processing a job's documents: each chunk through the engine of each document's language, each
+document recorded in its own transaction (:mod:`pipeline.crud`), so that a redelivered chunk
+writes and counts nothing twice. Shared by the Celery tasks and the in-process runner."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from ner_service.engine import EnginePool, ExtractOptions, ModelNotFoundError
+from ner_service.settings import get_settings
+from pipeline import crud
+from pipeline.model_version import model_version_of_path, results_version
+from pipeline.models import Document, DocumentResult, DocumentStatus, Job, JobDocument, JobStatus, utcnow
+
+
+@dataclass
+class ChunkOutcome:
+    """What one :func:`process_chunk` call changed: documents newly processed or failed in the job."""
+
+    processed: int = 0
+    failed: int = 0
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be processed, or ``None``."""
+    if not text.strip():
+        return "empty text"
+    limit = get_settings().ner_max_text_chars
+    if len(text) > limit:
+        return f"text has {len(text)} characters, more than NER_MAX_TEXT_CHARS={limit}"
+    return None
+
+
+def chunked(items: Sequence[int], size: int) -> list[list[int]]:
+    """``items`` in lists of at most ``size``."""
+    return [list(items[i:i + size]) for i in range(0, len(items), max(1, size))]
+
+
+def _extract(pool: EnginePool, options: ExtractOptions, texts: list[str]) -> list[list[Any] | Exception]:
+    """Entities per text; when the batch fails, each text alone so that one bad text fails alone."""
+    try:
+        return [result.entities for result in pool.extract(options, texts)]
+    except Exception:  # noqa: BLE001 - isolate the failing text below
+        outcomes: list[list[Any] | Exception] = []
+        for text in texts:
+            try:
+                outcomes.append(pool.extract(options, [text])[0].entities)
+            except Exception as error:  # noqa: BLE001 - stored as the document's error
+                outcomes.append(error)
+        return outcomes
+
+
+def process_chunk(sessions: sessionmaker[Session], pool: EnginePool, job_id: int, document_ids: Sequence[int]) -> ChunkOutcome:
+    """Run the chunk's still-pending documents of a job through the engine of each document's
+    language and record each document in its own transaction, under that engine's model
+    version. Safe to call again with the same arguments (redelivery): finished documents are skipped."""
+    outcome = ChunkOutcome()
+    with sessions.begin() as session:
+        # the write comes first so that SQLite takes its write lock before any read
+        session.execute(
+            update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED).values(status=JobStatus.RUNNING, started_at=utcnow(), updated_at=utcnow())
+        )
+        job = session.get(Job, job_id)
+        if job is None:
+            raise crud.UnknownJobError(f"no job {job_id}")
+        if job.status not in JobStatus.ACTIVE:
+            return outcome
+        strategy = job.strategy
+        rows = session.execute(
+            select(Document.id, Document.text, Document.language)
+            .join(JobDocument, JobDocument.document_id == Document.id)
+            .where(JobDocument.job_id == job_id, JobDocument.status == DocumentStatus.PENDING, Document.id.in_(list(document_ids)))
+            .order_by(Document.id)
+        ).all()
+    results: dict[int, tuple[str, Sequence[Any]] | str] = {}  # (results version, entities) or an error
+    by_model: dict[str, list[Any]] = {}
+    for row in rows:
+        try:
+            by_model.setdefault(pool.model_for(row.language), []).append(row)
+        except ModelNotFoundError as error:
+            results[row.id] = str(error)
+    for model, model_rows in by_model.items():
+        key = results_version(model_version_of_path(model), strategy)
+        with sessions() as session:
+            done = set(session.scalars(select(DocumentResult.document_id).where(
+                DocumentResult.model_version == key, DocumentResult.document_id.in_([r.id for r in model_rows]))))
+        to_run = []
+        for row in model_rows:
+            if row.id in done:
+                results[row.id] = (key, ())  # stored earlier under this version: only the job's count moves
+            elif problem := text_problem(row.text):
+                results[row.id] = problem
+            else:
+                to_run.append(row)
+        if to_run:
+            options = ExtractOptions(model, strategy=strategy).validated(pool.config(model))
+            pool.engine(model)  # a model that cannot load fails the job (not each document)
+            for row, entities in zip(to_run, _extract(pool, options, [r.text for r in to_run])):
+                results[row.id] = f"{type(entities).__name__}: {entities}" if isinstance(entities, Exception) else (key, entities)
+    for row in rows:
+        value = results[row.id]
+        with sessions.begin() as session:
+            if isinstance(value, str):
+                outcome.failed += crud.record_failure(session, job_id, row.id, value)
+            else:
+                outcome.processed += crud.record_result(session, job_id, row.id, *value)
+    return outcome
+
+

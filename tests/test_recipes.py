@@ -1,0 +1,97 @@
+"""Training recipes: every recipe in the repository is valid and trains end to end on a few
+sentences on the CPU into a model the engine loads and runs; bad recipes are clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from padellm_ner.cli import main
+from training.recipes import RecipeError, RecipeRun, load_recipe, recipe_names, stage_configs
+
+CORPORA = ("conll2003", "resume", "weibo")
+
+
+def _head(source: Path, target: Path, sentences: int) -> None:
+    """The first ``sentences`` blank-line separated blocks of a corpus file."""
+    blocks = [b for b in source.read_text(encoding="utf-8").split("\n\n") if b.strip()][:sentences]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("\n\n".join(blocks) + "\n\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def small_data(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared corpora's layout with 12 training and 4 dev sentences per corpus."""
+    folder = tmp_path_factory.mktemp("data")
+    for corpus in CORPORA:
+        _head(data_dir / corpus / "train.txt", folder / corpus / "train.txt", 12)
+        _head(data_dir / corpus / "dev.txt", folder / corpus / "dev.txt", 4)
+    return folder
+
+
+def test_the_shipped_models_have_recipes() -> None:
+    shipped = {p.parent.name for p in (Path(__file__).parent.parent / "ner_service" / "shipped_models").glob("*/ner_model.json")}
+    assert shipped <= set(recipe_names())
+    assert {"en-conll03-diffusion", "en-conll03-lud"} <= set(recipe_names())
+
+
+def test_en_conll03_recipe_holds_the_model_cards_settings(small_data: Path, tmp_path: Path) -> None:
+    (config,) = stage_configs(load_recipe("en-conll03"), RecipeRun(small_data, tmp_path / "out"))
+    shipped = json.loads((Path(__file__).parent.parent / "ner_service/shipped_models/en-conll03/training.json").read_text())["config"]
+    for key in ("base", "name", "formats", "full", "lora_r", "lora_alpha", "lr", "warmup_steps", "epochs", "batch_tokens", "seed",
+                "device", "dtype"):
+        assert getattr(config, key) == shipped[key], key
+
+
+def test_stages_continue_from_the_previous_stage(small_data: Path, tmp_path: Path) -> None:
+    run = RecipeRun(small_data, tmp_path / "zh-resume", device="cuda", max_steps=3)
+    first, second, third = stage_configs(load_recipe("zh-resume"), run)
+    assert first.init is None and second.init == first.output and third.init == second.output
+    assert first.output == str(tmp_path / "zh-resume-stage1") and third.output == str(tmp_path / "zh-resume")
+    assert {first.device, third.device} == {"cuda"} and {first.max_steps, second.max_steps, third.max_steps} == {3}
+    assert first.dev == str(small_data / "resume" / "dev.txt") and second.dev is None
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\nlora_rank = 8\n', "no setting lora_rank"),
+    ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\nlora_r = "big"\n', "lora_r"),
+    ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\ndevice = "cuda"\n', "no setting device"),
+    ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "char"\ntrain = "a.txt"\ncontinues = true\n', "no previous stage"),
+    ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "bpe"\ntrain = "a.txt"\n', "stages.0.trainer"),
+    ('name = "x"\ndescription = "x"\nstages = []\n', "stages"),
+    ('name = "x"\ndescription = "x"\ngpu = true\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n', "gpu"),
+    ('name = "x\n', "not valid TOML"),
+])
+def test_bad_recipes_are_clear_errors(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RecipeError, match=problem):
+        load_recipe(path)
+
+
+def test_unknown_recipe_and_missing_data_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", "--recipe", "en-conll03-large"]) == 2
+    assert "unknown recipe 'en-conll03-large'" in capsys.readouterr().err
+    assert main(["train", "--recipe", "tiny-conll03", "--data", str(tmp_path)]) == 2
+    assert "conll2003/train.txt" in capsys.readouterr().err and not (Path("runs") / "tiny-conll03" / "recipe.json").exists()
+    with pytest.raises(SystemExit):
+        main(["train", "--recipe", "tiny-conll03", "--lr", "0.1"])
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_recipe_trains_end_to_end_on_the_cpu(name: str, small_data: Path, tmp_path: Path) -> None:
+    from ner_service.engine import NEREngine
+
+    output = tmp_path / name
+    assert main(["train", "--recipe", name, "--data", str(small_data), "--output", str(output), "--device", "cpu",
+                 "--limit", "6", "--max-steps", "1"]) == 0
+    assert json.loads((output / "recipe.json").read_text(encoding="utf-8"))["name"] == name
+    engine = NEREngine.load(output)
+    assert engine.ner_model.config.name == name
+    strategy = "fast_dllm" if engine.ner_model.config.mask_token else "padellm"
+    (extraction,) = engine.extract(["Peter Blackburn visited Brussels ."], strategy=strategy)
+    text = "Peter Blackburn visited Brussels ."
+    assert all(text[e.start:e.end] == e.text for e in extraction.entities)
+    assert extraction.stats.forward_passes >= 1

@@ -1,0 +1,61 @@
+"""The trainers a recipe stage can name, each with its config dataclass (imported when used, so
+that reading a recipe does not load torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
+from importlib import import_module
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+
+def _imported(target: str) -> Any:
+    module, name = target.split(":")
+    return getattr(import_module(module), name)
+
+
+@dataclass(frozen=True)
+class StageTrainer:
+    """A trainer: its config dataclass and entry point (``module:name``), and the config field
+    that takes the previous stage's result (None: it cannot continue one)."""
+
+    config_class: str
+    entry: str
+    continues_field: str | None
+    #: Fields a run fills, never a recipe: where the data is, where to write, on what device.
+    set_by_run: frozenset[str] = frozenset({"train", "dev", "output", "device"})
+
+    @property
+    def config(self) -> type:
+        return _imported(self.config_class)
+
+    def setting_names(self) -> set[str]:
+        """The config fields a recipe may set."""
+        return {f.name for f in fields(self.config)} - self.set_by_run
+
+    def make_config(self, values: Mapping[str, object]) -> Any:
+        """The config of ``values``; ValueError with every problem when they do not fit."""
+        try:
+            return TypeAdapter(self.config).validate_python(dict(values))
+        except ValidationError as error:
+            raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())) from None
+
+    def validate(self, settings: Mapping[str, object]) -> None:
+        """Raise ValueError unless ``settings`` fit the config (the run's fields left out)."""
+        required = {f.name: "-" for f in fields(self.config)
+                    if f.default is MISSING and f.default_factory is MISSING and f.name not in settings}
+        self.make_config({**required, **settings})
+
+    def run(self, config: Any) -> dict:
+        return _imported(self.entry)(config)
+
+
+TRAINERS: dict[str, StageTrainer] = {
+    "lm": StageTrainer("training.trainer:TrainConfig", "training.trainer:train", "base"),
+    "char": StageTrainer("training.char_model:CharConfig", "training.char_model:train_char_model", "init"),
+    "tiny": StageTrainer("training.tiny_model:TinyConfig", "training.tiny_model:train_tiny_model", None),
+    "diffusion": StageTrainer("training.diffusion:DiffusionConfig", "training.diffusion:train_diffusion", "init"),
+    "lud": StageTrainer("training.lexical_units:LUDConfig", "training.lexical_units:train_lud", "model"),
+}

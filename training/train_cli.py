@@ -1,0 +1,116 @@
+"""The ``padellm-ner train``, ``train-tiny`` and ``recipes`` sub-commands (registered through
+``COMMAND_MODULES``): ``train --recipe NAME`` runs a recipe of ``training/recipes/``; without
+one, ``train`` fine-tunes a causal LM with the settings given as flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+#: Where ``--data`` points unless given: ``PADELLM_DATA``, else the shared data folder.
+DEFAULT_DATA = os.environ.get("PADELLM_DATA", "../shared/data")
+#: The flags that configure a run without a recipe (a recipe file holds these settings).
+EXPLICIT_FLAGS = ("train", "dev", "name", "language", "labels", "formats", "full", "lora_r", "lora_alpha", "lr", "epochs",
+                  "max_minutes", "batch_tokens", "eval_limit", "eval_batch_size", "seed", "dtype", "resume", "base")
+
+
+def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.recipe:
+        return _train_recipe(args, parser)
+    if not args.train or not args.output:
+        parser.error("give --recipe NAME, or --train and --output")
+    from training.trainer import TrainConfig, train
+
+    labels = [label.strip() for label in args.labels.split(",") if label.strip()] if args.labels else None
+    config = TrainConfig(
+        base=args.base, train=args.train, dev=args.dev, output=args.output, name=args.name, language=args.language,
+        labels=labels, formats=args.formats.split(","), full=args.full, lora_r=args.lora_r, lora_alpha=args.lora_alpha, lr=args.lr,
+        epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, limit=args.limit,
+        eval_limit=args.eval_limit, eval_batch_size=args.eval_batch_size, seed=args.seed, device=args.device or "cpu", dtype=args.dtype,
+        resume=args.resume,
+    )
+    summary = train(config)
+    print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second", "history")}, indent=2))
+    return 0
+
+
+def _train_recipe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from training.recipes import RecipeRun, load_recipe, run_recipe
+
+    given = [f"--{flag.replace('_', '-')}" for flag in EXPLICIT_FLAGS if getattr(args, flag) != parser.get_default(flag)]
+    if given:
+        parser.error(f"{', '.join(given)} cannot be combined with --recipe: the recipe file holds every setting")
+    recipe = load_recipe(args.recipe)
+    run = RecipeRun(data=Path(args.data), output=Path(args.output or f"runs/{recipe.name}"), device=args.device,
+                    limit=args.limit, max_steps=args.max_steps)
+
+    def announce(index: int, config: object) -> None:
+        print(f"recipe {recipe.name}: stage {index}/{len(recipe.stages)} -> {config.output}", flush=True)
+
+    results = run_recipe(recipe, run, on_stage=announce)
+    print(json.dumps([{"output": str(r.output), **{k: r.summary.get(k) for k in ("steps", "train_seconds", "tokens_per_second")}}
+                      for r in results], indent=2))
+    return 0
+
+
+def cmd_train_tiny(args: argparse.Namespace) -> int:
+    from training.tiny_model import TinyConfig, train_tiny_model
+
+    summary = train_tiny_model(TinyConfig(train=args.train, output=args.output, dev=args.dev, max_steps=args.max_steps, seed=args.seed))
+    print(json.dumps(summary["history"], indent=2))
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from training.recipes import load_recipe, recipe_names
+
+    for name in recipe_names():
+        recipe = load_recipe(name)
+        stages = " -> ".join(stage.trainer for stage in recipe.stages)
+        print(f"{name:<22} {recipe.device:<5} {stages:<16} {recipe.description}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``train``, ``train-tiny`` and ``recipes`` to the ``padellm-ner`` command line."""
+    trainer = sub.add_parser("train", help="train a model from a recipe (--recipe NAME), or fine-tune a causal LM for PaDeLLM-NER "
+                                           "and the AR baseline with the settings given as flags")
+    trainer.add_argument("--recipe", default=None, help="a recipe name (padellm-ner recipes) or a .toml file")
+    trainer.add_argument("--data", default=DEFAULT_DATA, help="the folder holding the corpora a recipe names (default: %(default)s)")
+    trainer.add_argument("--output", default=None, help="the model folder to write (with --recipe: runs/NAME)")
+    trainer.add_argument("--device", default=None, help="cpu or cuda (with --recipe: the recipe's device)")
+    trainer.add_argument("--limit", type=int, default=None, help="use the first N training texts")
+    trainer.add_argument("--max-steps", type=int, default=None)
+    trainer.add_argument("--base", default="smollm2-135m-instruct", help="base model: the alias, a .gguf or a HF folder")
+    trainer.add_argument("--train", default=None)
+    trainer.add_argument("--dev", default=None)
+    trainer.add_argument("--name", default="padellm-ner")
+    trainer.add_argument("--language", default="en")
+    trainer.add_argument("--labels", default=None)
+    trainer.add_argument("--formats", default="padellm,ar")
+    trainer.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    trainer.add_argument("--lora-r", type=int, default=16)
+    trainer.add_argument("--lora-alpha", type=int, default=32)
+    trainer.add_argument("--lr", type=float, default=8e-4)
+    trainer.add_argument("--epochs", type=float, default=1.0)
+    trainer.add_argument("--max-minutes", type=float, default=None, help="stop after this many minutes of training steps")
+    trainer.add_argument("--batch-tokens", type=int, default=2048)
+    trainer.add_argument("--eval-limit", type=int, default=200, help="dev texts scored after each epoch")
+    trainer.add_argument("--eval-batch-size", type=int, default=16)
+    trainer.add_argument("--seed", type=int, default=0)
+    trainer.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    trainer.add_argument("--resume", action="store_true")
+    trainer.set_defaults(func=lambda args: cmd_train(args, trainer))
+
+    tiny = sub.add_parser("train-tiny", help="train the tiny from-scratch Llama used by fast tests")
+    tiny.add_argument("--train", required=True)
+    tiny.add_argument("--dev", default=None)
+    tiny.add_argument("--output", required=True)
+    tiny.add_argument("--max-steps", type=int, default=300)
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=cmd_train_tiny)
+
+    recipes = sub.add_parser("recipes", help="list the training recipes (padellm-ner train --recipe NAME)")
+    recipes.set_defaults(func=cmd_recipes)
