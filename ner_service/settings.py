@@ -31,13 +31,20 @@ class Settings(BaseSettings):
     ner_batch_wait_fraction: float = 0.05  # ... or this fraction of the previous engine call, when longer (a loaded machine)
     ner_batch_wait_max_ms: float = 250.0  # ... but never longer than this
     ner_batch_max_texts: int = 16
-    ner_queue_max: int = 256
+    ner_queue_max: int = 256  # texts admitted and not answered yet
+    ner_max_request_tokens: int = 8192  # estimated tokens of work one request may hold (413 above)
+    ner_admission_fraction: float = 0.8  # admit while the work ahead fits this fraction of NER_REQUEST_TIMEOUT_S (else 429)
+    ner_prior_ms_per_token: float = 5.0  # the engine's rate assumed until the first batch is measured
+    ner_piece_tokens: int = 64  # a text of more estimated tokens is cut into pieces that interleave with other requests
+    ner_batch_split_tokens: int = 64  # the pieces of long texts one batch may hold
+    ner_auth_failures_per_minute: int = 10  # wrong or missing keys from one address before 429
     # pipeline
     database_url: str = "sqlite:///./padellm_ner.db"
     redis_url: str = "redis://127.0.0.1:6379/0"
     pipeline_chunk_size: int = 16
     nightly_cron: str = "0 2 * * *"
     reprocess_on_model_change: bool = False
+    pipeline_migrate_on_start: bool = True  # the API upgrades the schema when it starts (k8s: a migrate Job does, so false)
     pipeline_visibility_timeout_s: int = 3600  # unacknowledged chunks are redelivered (and stalled jobs requeued) after this
     # logging
     log_level: str = "INFO"

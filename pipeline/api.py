@@ -7,17 +7,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from typing import Annotated
+from uuid import UUID
 
 import redis.exceptions
-from fastapi import APIRouter, Depends, HTTPException, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
 from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.orm import Session
 
+from ner_service.api.core.security import key_id
+from ner_service.api.state import authorize
 from ner_service.engine import InvalidOptionsError, ModelNotFoundError
 from pipeline import crud, routing
 from pipeline.db import session_factory
 from pipeline.model_version import DEFAULT_STRATEGY
-from pipeline.schemas import DocumentEntitiesOut, JobAccepted, JobOut, JobRequest, RowId
+from pipeline.models import LOCAL_OWNER
+from pipeline.schemas import DocumentEntitiesOut, JobAccepted, JobOut, JobRequest
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +34,21 @@ def get_session() -> Iterator[Session]:
         yield session
 
 
+def get_owner(caller: Annotated[str, Depends(authorize)]) -> str:
+    """Whose documents and jobs a request sees: its API key's (everything stored without a key
+    belongs to ``local``, the owner an API without keys acts as)."""
+    return key_id(caller) or LOCAL_OWNER
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
+OwnerDep = Annotated[str, Depends(get_owner)]
 
 
 @router.post("/jobs", status_code=status.HTTP_202_ACCEPTED, response_model=JobAccepted)
-def submit_job(request: JobRequest, session: SessionDep, response: Response) -> JobAccepted:
-    """Store inline documents (an existing ``external_id`` with the same text is reused), create
-    a job and hand it to the workers."""
+def submit_job(request: JobRequest, session: SessionDep, owner: OwnerDep, response: Response) -> JobAccepted:
+    """Store inline documents (an existing ``external_id`` of the caller with the same text is
+    reused), create a job and hand it to the workers. Documents and jobs belong to the caller's
+    API key: another key sees none of them."""
     from pipeline.tasks import enqueue_job, get_pool
 
     pool = get_pool()
@@ -55,10 +67,11 @@ def submit_job(request: JobRequest, session: SessionDep, response: Response) -> 
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     try:
         if request.documents is not None:
-            ids = crud.add_documents(session, [crud.NewDocument(d.text, d.external_id, d.language, "api") for d in request.documents])
+            ids = crud.add_documents(session, [crud.NewDocument(d.text, d.external_id, d.language, "api", owner) for d in request.documents])
         else:
-            ids = request.document_ids or []
-        job = crud.create_job(session, ids, routing.versions_for(pool, crud.languages_of(session, ids)), strategy)
+            ids = crud.owned_document_ids(session, owner, [str(i) for i in request.document_ids or []])
+        job = crud.create_job(session, ids, routing.versions_for(pool, crud.languages_of(session, ids)), strategy, owner)
+        public_ids = crud.public_ids_of(session, ids)
         session.commit()
     except crud.UnknownDocumentsError as error:
         session.rollback()
@@ -71,24 +84,26 @@ def submit_job(request: JobRequest, session: SessionDep, response: Response) -> 
     except (BrokerError, redis.exceptions.RedisError):
         # the job is stored; the stalled-job sweep of celery beat enqueues it once Redis is back
         log.warning("job %s stored but not enqueued: Redis is unreachable", job.id, exc_info=True)
-    url = f"{router.prefix}/jobs/{job.id}"
+    url = f"{router.prefix}/jobs/{job.public_id}"
     response.headers["Location"] = url
-    return JobAccepted(job_id=job.id, status=job.status, total=job.total, model_version=job.model_version, strategy=job.strategy, status_url=url)
+    return JobAccepted(job_id=job.public_id, document_ids=public_ids, status=job.status, total=job.total,
+                       model_version=job.model_version, strategy=job.strategy, status_url=url)
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
-def get_job(job_id: RowId, session: SessionDep) -> dict:
+def get_job(job_id: UUID, session: SessionDep, owner: OwnerDep) -> dict:
     """A job's status and progress (``processed`` + ``failed`` of ``total``)."""
     try:
-        return crud.job_status(session, job_id)
+        return crud.job_status(session, str(job_id), owner)
     except crud.UnknownJobError:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}") from None
 
 
 @router.get("/documents/{document_id}/entities", response_model=DocumentEntitiesOut)
-def get_document_entities(document_id: RowId, session: SessionDep, model_version: str | None = None) -> dict:
+def get_document_entities(document_id: UUID, session: SessionDep, owner: OwnerDep,
+                          model_version: Annotated[str | None, Query(max_length=128)] = None) -> dict:
     """A document's entities for ``model_version`` (default: its latest results)."""
-    found = crud.document_entities(session, document_id, model_version)
+    found = crud.document_entities(session, str(document_id), model_version, owner)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no document {document_id}")
     return found

@@ -64,7 +64,8 @@ def cmd_jobs_status(args: argparse.Namespace) -> int:
     with _sessions()() as session:
         if args.job_id is not None:
             try:
-                print(json.dumps(job_status(session, args.job_id), indent=2))
+                reference = int(args.job_id) if args.job_id.isdigit() else args.job_id
+                print(json.dumps(job_status(session, reference), indent=2))
             except UnknownJobError as error:
                 print(f"padellm-ner: error: {error}", file=sys.stderr)
                 return 2
@@ -73,7 +74,7 @@ def cmd_jobs_status(args: argparse.Namespace) -> int:
     if not jobs:
         print("no jobs")
     for job in jobs:
-        print(f"{job['id']:>6}  {job['status']:<9}  {job['processed']:>6} processed  {job['failed']:>5} failed  "
+        print(f"{job['id']}  {job['status']:<9}  {job['processed']:>6} processed  {job['failed']:>5} failed  "
               f"of {job['total']:>6}  {job['model_version']}  {job['created_at']}")
     return 0
 
@@ -96,5 +97,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="how the model is asked: padellm, ar or fast_dllm (--decoder: its old name)")
     run.set_defaults(func=cmd_jobs_run)
     status = actions.add_parser("status", help="one job's status (JSON), or the latest jobs")
-    status.add_argument("job_id", nargs="?", type=int)
+    status.add_argument("job_id", nargs="?", help="a job's id (as the API and the list show it) or row number")
     status.set_defaults(func=cmd_jobs_status)

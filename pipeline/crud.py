@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from ner_service.engine import available_strategies
 from pipeline.model_version import DEFAULT_STRATEGY
-from pipeline.models import Document, DocumentResult, DocumentStatus, EntityRow, Job, JobDocument, JobStatus, utcnow
+from pipeline.models import LOCAL_OWNER, Document, DocumentResult, DocumentStatus, EntityRow, Job, JobDocument, JobStatus, utcnow
 from pipeline.schemas import DocumentEntitiesOut, EntityOut, JobOut
 
 
@@ -29,9 +29,9 @@ class UnknownJobError(LookupError):
 
 
 class UnknownDocumentsError(LookupError):
-    """Some document ids do not exist (``missing`` lists them)."""
+    """Some document ids do not exist, or belong to another owner (``missing`` lists them)."""
 
-    def __init__(self, missing: Sequence[int]) -> None:
+    def __init__(self, missing: Sequence[int | str]) -> None:
         super().__init__(f"unknown document ids: {', '.join(map(str, missing))}")
         self.missing = list(missing)
 
@@ -42,12 +42,13 @@ class DocumentConflictError(ValueError):
 
 @dataclass(frozen=True)
 class NewDocument:
-    """A document to store."""
+    """A document to store, for ``owner`` (an API key's id; :data:`LOCAL_OWNER` otherwise)."""
 
     text: str
     external_id: str | None = None
     language: str | None = None
     source: str | None = None
+    owner: str = LOCAL_OWNER
 
 
 def content_hash(text: str) -> str:
@@ -65,35 +66,55 @@ def insert_ignoring_conflicts(session: Session, table: Table):
 
 
 def add_documents(session: Session, documents: Iterable[NewDocument]) -> list[int]:
-    """Store documents and return their ids in order. A known ``external_id`` with the same text
-    reuses its document (re-submission is idempotent); with another text it raises
-    :class:`DocumentConflictError`. Text with NUL characters raises ``ValueError``."""
+    """Store documents and return their ids in order. A known ``external_id`` of the same owner
+    with the same text reuses its document (re-submission is idempotent); with another text it
+    raises :class:`DocumentConflictError` (another owner's ``external_id`` is another document).
+    Text with NUL characters raises ``ValueError``."""
     ids: list[int] = []
-    seen: dict[str, Document] = {}
+    seen: dict[tuple[str, str], Document] = {}
     for doc in documents:
         if "\x00" in doc.text:
             raise ValueError("text contains NUL characters")
         digest = content_hash(doc.text)
         if doc.external_id is not None:
-            existing = seen.get(doc.external_id) or session.scalar(select(Document).where(Document.external_id == doc.external_id))
+            existing = seen.get((doc.owner, doc.external_id)) or session.scalar(
+                select(Document).where(Document.owner == doc.owner, Document.external_id == doc.external_id))
             if existing is not None:
                 if existing.content_hash != digest:
                     raise DocumentConflictError(f"external_id {doc.external_id!r} already names a document with another text")
                 ids.append(existing.id)
                 continue
-        row = Document(text=doc.text, external_id=doc.external_id, language=doc.language, source=doc.source,
+        row = Document(text=doc.text, external_id=doc.external_id, language=doc.language, source=doc.source, owner=doc.owner,
                        content_hash=digest, status=DocumentStatus.PENDING)
         session.add(row)
         session.flush()
         if doc.external_id is not None:
-            seen[doc.external_id] = row
+            seen[(doc.owner, doc.external_id)] = row
         ids.append(row.id)
     return ids
 
 
-def create_job(session: Session, document_ids: Sequence[int], model_version: str, strategy: str = DEFAULT_STRATEGY) -> Job:
-    """A queued job over the (deduplicated) documents; raises ``ValueError`` for no documents or an
-    unknown strategy and :class:`UnknownDocumentsError` for ids that do not exist."""
+def owned_document_ids(session: Session, owner: str, public_ids: Sequence[str]) -> list[int]:
+    """The row ids of ``owner``'s documents with these public ids, in order; raises
+    :class:`UnknownDocumentsError` for the public ids that name none of them."""
+    found = dict(session.execute(select(Document.public_id, Document.id)
+                                 .where(Document.owner == owner, Document.public_id.in_(list(public_ids)))).tuples().all())
+    missing = [p for p in dict.fromkeys(public_ids) if p not in found]
+    if missing:
+        raise UnknownDocumentsError(missing)
+    return [found[p] for p in public_ids]
+
+
+def public_ids_of(session: Session, document_ids: Sequence[int]) -> list[str]:
+    """The public ids of documents, in the order of their row ids."""
+    found = dict(session.execute(select(Document.id, Document.public_id).where(Document.id.in_(list(document_ids)))).tuples().all())
+    return [found[i] for i in document_ids]
+
+
+def create_job(session: Session, document_ids: Sequence[int], model_version: str, strategy: str = DEFAULT_STRATEGY,
+               owner: str = LOCAL_OWNER) -> Job:
+    """A queued job of ``owner`` over the (deduplicated) documents; raises ``ValueError`` for no
+    documents or an unknown strategy and :class:`UnknownDocumentsError` for ids that do not exist."""
     if strategy not in available_strategies():
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(available_strategies())}")
     unique = list(dict.fromkeys(document_ids))
@@ -103,7 +124,8 @@ def create_job(session: Session, document_ids: Sequence[int], model_version: str
     missing = [i for i in unique if i not in found]
     if missing:
         raise UnknownDocumentsError(missing)
-    job = Job(status=JobStatus.QUEUED, total=len(unique), processed=0, failed=0, model_version=model_version, strategy=strategy)
+    job = Job(status=JobStatus.QUEUED, total=len(unique), processed=0, failed=0, model_version=model_version, strategy=strategy,
+              owner=owner)
     session.add(job)
     session.flush()
     session.add_all(JobDocument(job_id=job.id, document_id=i, status=DocumentStatus.PENDING) for i in unique)
@@ -206,9 +228,11 @@ def stalled_jobs(session: Session, older_than: datetime) -> list[int]:
     return ids
 
 
-def job_status(session: Session, job_id: int) -> dict[str, Any]:
-    """The job's status and progress as a JSON-ready dict (:class:`JobOut`); raises :class:`UnknownJobError`."""
-    job = session.get(Job, job_id)
+def job_status(session: Session, job_id: int | str, owner: str | None = None) -> dict[str, Any]:
+    """The job's status and progress as a JSON-ready dict (:class:`JobOut`), by row id or public
+    id (with ``owner``, only among that owner's jobs); raises :class:`UnknownJobError`."""
+    found = select(Job).where(Job.id == job_id if isinstance(job_id, int) else Job.public_id == job_id)
+    job = session.scalar(found if owner is None else found.where(Job.owner == owner))
     if job is None:
         raise UnknownJobError(f"no job {job_id}")
     return _job_out(job)
@@ -221,19 +245,23 @@ def recent_jobs(session: Session, limit: int = 20) -> list[dict[str, Any]]:
 
 def _job_out(job: Job) -> dict[str, Any]:
     progress = round((job.processed + job.failed) / job.total, 4) if job.total else 1.0
-    return JobOut.model_validate({**{c: getattr(job, c) for c in JobOut.model_fields if c != "progress"}, "progress": progress}).model_dump(mode="json")
+    fields = {c: getattr(job, c) for c in JobOut.model_fields if c not in ("id", "progress")}
+    return JobOut.model_validate({**fields, "id": job.public_id, "progress": progress}).model_dump(mode="json")
 
 
-def document_entities(session: Session, document_id: int, version: str | None = None) -> dict[str, Any] | None:
+def document_entities(session: Session, document_id: int | str, version: str | None = None, owner: str | None = None) -> dict[str, Any] | None:
     """A document's entities for ``version`` (default: its latest results) as a JSON-ready dict
-    (:class:`DocumentEntitiesOut`), or ``None`` if the document does not exist."""
-    document = session.get(Document, document_id)
+    (:class:`DocumentEntitiesOut`), by row id or public id (with ``owner``, only among that
+    owner's documents), or ``None`` if there is no such document."""
+    found = select(Document).where(Document.id == document_id if isinstance(document_id, int) else Document.public_id == document_id)
+    document = session.scalar(found if owner is None else found.where(Document.owner == owner))
     if document is None:
         return None
+    document_id = document.id
     if version is None:
         version = session.scalar(select(DocumentResult.model_version).where(DocumentResult.document_id == document_id)
                                  .order_by(DocumentResult.created_at.desc()).limit(1))
     entities = session.scalars(select(EntityRow).where(EntityRow.document_id == document_id, EntityRow.model_version == version)
                                .order_by(EntityRow.start, EntityRow.end, EntityRow.label)) if version else []
-    return DocumentEntitiesOut(document_id=document.id, external_id=document.external_id, status=document.status, error=document.error,
+    return DocumentEntitiesOut(document_id=document.public_id, external_id=document.external_id, status=document.status, error=document.error,
                                model_version=version, entities=[EntityOut.model_validate(e) for e in entities]).model_dump(mode="json")

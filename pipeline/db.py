@@ -64,3 +64,24 @@ def upgrade(url: str | None = None, revision: str = "head") -> None:
     from alembic import command
 
     command.upgrade(alembic_config(url), revision)
+
+
+class SchemaNotReadyError(RuntimeError):
+    """The database is not at the revision this code needs, and may not be migrated from here."""
+
+
+def ensure_schema(url: str | None = None, migrate: bool = True) -> None:
+    """Bring the database to the head revision (``migrate``), or raise :class:`SchemaNotReadyError`
+    saying which revision it is at and what to run."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    with get_engine(url).connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+    if current == head:
+        return
+    if not migrate:
+        raise SchemaNotReadyError(f"the database is at revision {current or 'none (empty)'}, this code needs {head}: "
+                                  "run `alembic upgrade head` (or start with PIPELINE_MIGRATE_ON_START=true)")
+    upgrade(url)

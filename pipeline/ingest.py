@@ -11,6 +11,7 @@ from pathlib import Path
 from corpora import DOCSTART, DataFormatError, json_records, read_conll, text_of
 
 from pipeline.crud import NewDocument
+from pipeline.schemas import text_problem
 
 FORMATS = ("auto", "jsonl", "text", "conll")
 CONLL_SUFFIXES = {".conll", ".conllu", ".iob", ".iob1", ".bio", ".bmes"}
@@ -35,9 +36,11 @@ def detect_format(path: Path) -> str:
     return "text"
 
 
-def _check_text(path: Path, number: int, text: str) -> None:
-    if "\x00" in text:
-        raise DataFormatError(path, number, "text contains NUL characters")
+def _check_text(path: Path, number: int | None, text: str) -> None:
+    """Refuse at ingest what a job would fail on (:func:`pipeline.schemas.text_problem`)."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise DataFormatError(path, number, problem)
 
 
 def read_jsonl_documents(path: Path, source: str | None, language: str | None) -> list[NewDocument]:
@@ -74,8 +77,13 @@ def read_conll_documents(path: str | Path) -> list[str]:
     """Texts of a CoNLL column file: its sentences (as :func:`corpora.readers.read_conll` reads
     them) joined by newlines into one document per ``-DOCSTART-`` section (one per sentence
     when the file has no ``-DOCSTART-`` lines)."""
-    path = Path(path)
+    return [text for _, text in _conll_documents(Path(path))]
+
+
+def _conll_documents(path: Path) -> list[tuple[int, str]]:
+    """``(first line, text)`` of every document of a CoNLL column file."""
     sentences = [example.text for example in read_conll(path)]
+    starts: list[int] = []  # the first line of each document
     sizes: list[int] = []  # sentences per document
     in_sentence, has_docstart = False, False
     for number, line in enumerate(_lines(path), start=1):
@@ -84,18 +92,20 @@ def read_conll_documents(path: str | Path) -> list[str]:
             if in_sentence:
                 raise DataFormatError(path, number, f"{DOCSTART} inside a sentence (expected a blank line before it)")
             has_docstart = True
+            starts.append(number)
             sizes.append(0)
         elif fields and not in_sentence:
             if not sizes or not has_docstart:
+                starts.append(number)
                 sizes.append(0)
             sizes[-1] += 1
             in_sentence = True
         elif not fields:
             in_sentence = False
     documents, position = [], 0
-    for size in sizes:
+    for start, size in zip(starts, sizes):
         if size:
-            documents.append("\n".join(sentences[position:position + size]))
+            documents.append((start, "\n".join(sentences[position:position + size])))
             position += size
     if position != len(sentences):
         raise DataFormatError(path, None, f"found {position} sentences in documents but {len(sentences)} in the file")
@@ -112,5 +122,8 @@ def read_documents(path: str | Path, fmt: str = "auto", source: str | None = Non
     if fmt == "jsonl":
         return read_jsonl_documents(path, source, language)
     if fmt == "conll":
-        return [NewDocument(text, None, language, source) for text in read_conll_documents(path)]
+        documents = _conll_documents(path)
+        for number, text in documents:
+            _check_text(path, number, text)
+        return [NewDocument(text, None, language, source) for _, text in documents]
     return read_text_documents(path, source, language)

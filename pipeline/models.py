@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 
 from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
@@ -15,9 +16,18 @@ NAMING = {
 }
 
 
+#: The owner of what the command line, the nightly jobs and an API without keys store.
+LOCAL_OWNER = "local"
+
+
 def utcnow() -> datetime:
     """The current time in UTC (timezone-aware)."""
     return datetime.now(UTC)
+
+
+def new_public_id() -> str:
+    """An unguessable id for URLs (a random UUID), so that ids do not tell how many rows exist."""
+    return str(uuid.uuid4())
 
 
 class Base(DeclarativeBase):
@@ -45,12 +55,15 @@ class JobStatus:
 
 
 class Document(Base):
-    """A text to tag."""
+    """A text to tag, owned by the API key (its id) that stored it; ``external_id`` is unique per owner."""
 
     __tablename__ = "documents"
+    __table_args__ = (UniqueConstraint("owner", "external_id", name="uq_documents_owner_external_id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    external_id: Mapped[str | None] = mapped_column(String(255), unique=True)
+    public_id: Mapped[str] = mapped_column(String(36), unique=True, default=new_public_id)
+    owner: Mapped[str] = mapped_column(String(64), index=True, default=LOCAL_OWNER)
+    external_id: Mapped[str | None] = mapped_column(String(255))
     text: Mapped[str] = mapped_column(Text)
     source: Mapped[str | None] = mapped_column(String(255))
     language: Mapped[str | None] = mapped_column(String(16))
@@ -61,11 +74,13 @@ class Document(Base):
 
 
 class Job(Base):
-    """A batch of documents processed by one model version and strategy."""
+    """A batch of documents processed by one model version and strategy, owned like its documents."""
 
     __tablename__ = "jobs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    public_id: Mapped[str] = mapped_column(String(36), unique=True, default=new_public_id)
+    owner: Mapped[str] = mapped_column(String(64), index=True, default=LOCAL_OWNER)
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED, index=True)
     total: Mapped[int] = mapped_column(Integer, default=0)
     processed: Mapped[int] = mapped_column(Integer, default=0)

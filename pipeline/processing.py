@@ -12,10 +12,10 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from ner_service.engine import EnginePool, ExtractOptions, ModelNotFoundError
-from ner_service.settings import get_settings
 from pipeline import crud
 from pipeline.model_version import model_version_of_path, results_version
 from pipeline.models import Document, DocumentResult, DocumentStatus, Job, JobDocument, JobStatus, utcnow
+from pipeline.schemas import text_problem
 
 
 @dataclass
@@ -24,16 +24,6 @@ class ChunkOutcome:
 
     processed: int = 0
     failed: int = 0
-
-
-def text_problem(text: str) -> str | None:
-    """Why ``text`` cannot be processed, or ``None``."""
-    if not text.strip():
-        return "empty text"
-    limit = get_settings().ner_max_text_chars
-    if len(text) > limit:
-        return f"text has {len(text)} characters, more than NER_MAX_TEXT_CHARS={limit}"
-    return None
 
 
 def chunked(items: Sequence[int], size: int) -> list[list[int]]:

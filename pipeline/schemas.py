@@ -5,16 +5,32 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated
+from uuid import UUID
 
-from annotated_types import Ge, Le
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from ner_service.settings import get_settings
 
 MAX_DOCUMENTS_PER_REQUEST = 10_000
-#: A row id as the database stores it (a 32-bit INTEGER): larger numbers are a 422, not a database error.
-RowId = Annotated[int, Ge(1), Le(2**31 - 1)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+def text_problem(text: str) -> str | None:
+    """Why a document's ``text`` cannot be processed (empty, longer than NER_MAX_TEXT_CHARS, NUL
+    characters, an unpaired surrogate), or ``None``: checked at the door (the jobs route, ingest)
+    and again when a job runs."""
+    if not text.strip():
+        return "empty text"
+    limit = get_settings().ner_max_text_chars
+    if len(text) > limit:
+        return f"text has {len(text)} characters, more than NER_MAX_TEXT_CHARS={limit}"
+    if "\x00" in text:
+        return "text contains NUL characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"text is not valid Unicode (unpaired surrogate at character {error.start})"
+    return None
 
 
 class DocumentIn(BaseModel):
@@ -29,11 +45,9 @@ class DocumentIn(BaseModel):
     @field_validator("text")
     @classmethod
     def _text_fits(cls, text: str) -> str:
-        limit = get_settings().ner_max_text_chars
-        if len(text) > limit:
-            raise ValueError(f"text has {len(text)} characters, more than the limit of {limit}")
-        if "\x00" in text:
-            raise ValueError("text contains NUL characters")
+        problem = text_problem(text)
+        if problem is not None:
+            raise ValueError(problem)
         return text
 
 
@@ -44,7 +58,8 @@ class JobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     documents: list[DocumentIn] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST)
-    document_ids: list[RowId] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST)
+    document_ids: list[UUID] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST,
+                                            description="ids of documents stored before (the `document_ids` of an earlier job)")
     strategy: Name | None = Field(default=None, description="how the model is asked: padellm (default), ar or fast_dllm")
     decoder: Name | None = Field(default=None, deprecated=True, description="the old name of `strategy`")
 
@@ -56,9 +71,10 @@ class JobRequest(BaseModel):
 
 
 class JobAccepted(BaseModel):
-    """The answer to a submitted job."""
+    """The answer to a submitted job: its id and the ids of its documents (in the order given)."""
 
-    job_id: int
+    job_id: str
+    document_ids: list[str]
     status: str
     total: int
     model_version: str
@@ -71,7 +87,7 @@ class JobOut(BaseModel):
 
     model_config = ConfigDict(from_attributes=True)
 
-    id: int
+    id: str
     status: str
     total: int
     processed: int
@@ -100,7 +116,7 @@ class EntityOut(BaseModel):
 class DocumentEntitiesOut(BaseModel):
     """A document's entities for one model version (its latest results unless one is asked)."""
 
-    document_id: int
+    document_id: str
     external_id: str | None
     status: str
     error: str | None

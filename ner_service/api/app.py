@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from ner_service.api.core.admission import Admission, ServiceRate
 from ner_service.api.core.batching import MicroBatcher
 from ner_service.api.core.logging import RequestContextMiddleware, configure_logging
 from ner_service.api.core.metrics import Metrics, MetricsMiddleware
@@ -57,12 +58,16 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
     def run(options: ExtractOptions, texts: list[str]) -> list[Extraction]:
         return pool.extract(options, texts)
 
+    admission = Admission(ServiceRate(settings.ner_prior_ms_per_token), settings.ner_request_timeout_s * settings.ner_admission_fraction,
+                          settings.ner_max_request_tokens, settings.ner_queue_max)
     batcher = MicroBatcher(
-        run, metrics, enabled=settings.ner_microbatch, wait_ms=settings.ner_batch_wait_ms,
+        run, metrics, admission, enabled=settings.ner_microbatch, wait_ms=settings.ner_batch_wait_ms,
         wait_fraction=settings.ner_batch_wait_fraction, wait_max_ms=settings.ner_batch_wait_max_ms,
-        max_texts=settings.ner_batch_max_texts, queue_max=settings.ner_queue_max,
+        max_texts=settings.ner_batch_max_texts, piece_tokens=settings.ner_piece_tokens, split_tokens=settings.ner_batch_split_tokens,
     )
-    state = ApiState(settings, pool, batcher, metrics, Guard(ApiKeys(settings.ner_api_keys), RateLimiter(settings.ner_rate_limit_per_minute)))
+    guard = Guard(ApiKeys(settings.ner_api_keys), RateLimiter(settings.ner_rate_limit_per_minute),
+                  RateLimiter(settings.ner_auth_failures_per_minute))
+    state = ApiState(settings, pool, batcher, metrics, guard)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

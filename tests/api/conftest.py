@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
@@ -15,9 +17,14 @@ from ner_service.settings import Settings
 TINY = "tiny-conll03"
 
 
+#: The jobs routes' database of the API tests (the app brings it to the head revision when created).
+DATABASE = Path(tempfile.mkdtemp(prefix="padellm-api-tests-")) / "pipeline.db"
+
+
 def tiny_settings(**overrides: object) -> Settings:
     """Settings on the tiny model; ``overrides`` by field name."""
-    fields: dict[str, object] = {"ner_model": TINY, "ner_api_keys": "", "ner_rate_limit_per_minute": 10_000}
+    fields: dict[str, object] = {"ner_model": TINY, "ner_api_keys": "", "ner_rate_limit_per_minute": 10_000,
+                                 "database_url": f"sqlite:///{DATABASE}"}
     return Settings(**(fields | overrides))
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import httpx
 from fastapi import FastAPI
 
+from ner_service.api.core.admission import Admission, ServiceRate
 from ner_service.api.core.batching import MicroBatcher
 from ner_service.api.core.metrics import Metrics
 from ner_service.api.state import ApiState
@@ -75,10 +76,24 @@ def test_a_full_queue_answers_429_with_retry_after(app_factory: Callable[..., Fa
     assert second.status_code == 429 and second.headers["Retry-After"] == "1" and "NER_QUEUE_MAX" in second.json()["detail"]
 
 
-def test_a_request_past_its_timeout_is_504(app_factory: Callable[..., FastAPI]) -> None:
-    app = app_factory(ner_request_timeout_s=0.0)
-    [response] = asyncio.run(_concurrently(app, [{"text": TEXT}]))
+async def _behind_a_busy_engine(app: FastAPI, busy_s: float, body: dict) -> httpx.Response:
+    """Send ``body`` while the engine thread is busy for ``busy_s`` (work the queue does not see)."""
+    async with app.router.lifespan_context(app):
+        await _ready(app)
+        busy = asyncio.ensure_future(app.state.api.batcher.in_engine_thread(time.sleep, busy_s))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=120) as client:
+            response = await client.post("/v1/entities", json=body)
+        await busy
+        return response
+
+
+def test_a_request_past_its_timeout_is_504_and_its_work_is_cancelled(app_factory: Callable[..., FastAPI]) -> None:
+    app = app_factory(ner_request_timeout_s=0.5)
+    response = asyncio.run(_behind_a_busy_engine(app, 1.5, {"texts": [TEXT, TEXT]}))
     assert response.status_code == 504 and "NER_REQUEST_TIMEOUT_S" in response.json()["detail"]
+    state = app.state.api
+    assert (state.batcher.pending_texts, state.batcher.pending_tokens) == (0, 0)
+    assert "padellm_engine_batch_texts_count 0.0" in state.metrics.render().decode()  # its texts never reached the engine
 
 
 def _batches_of_spread_requests(wait_fraction: float) -> list[int]:
@@ -93,8 +108,9 @@ def _batches_of_spread_requests(wait_fraction: float) -> list[int]:
         return [Extraction(text, []) for text in texts]
 
     async def scenario() -> None:
-        batcher = MicroBatcher(run, Metrics(), enabled=True, wait_ms=10, wait_fraction=wait_fraction, wait_max_ms=1000,
-                               max_texts=8, queue_max=64)
+        admission = Admission(ServiceRate(prior_ms_per_token=1.0), budget_s=60, max_request_tokens=1000, queue_max_texts=64)
+        batcher = MicroBatcher(run, Metrics(), admission, enabled=True, wait_ms=10, wait_fraction=wait_fraction, wait_max_ms=1000,
+                               max_texts=8)
         batcher.start()
         key = ExtractOptions("m", None, "padellm", "greedy")
         await batcher.submit(key, ["first"])

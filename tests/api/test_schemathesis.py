@@ -59,8 +59,9 @@ def test_no_generated_request_gets_a_server_error(case: schemathesis.Case, serve
     case.call_and_validate(base_url=server, checks=[not_a_server_error])
 
 
-@pytest.mark.parametrize("path", ["/v1/jobs/3807038778499636658176", "/v1/documents/2147483648/entities"])
-def test_a_row_id_beyond_the_database_integer_is_422(client, path: str) -> None:
-    """Found by the test above: such ids reached the database and came back as a 500."""
+@pytest.mark.parametrize("path", ["/v1/jobs/3807038778499636658176", "/v1/documents/2147483648/entities", "/v1/jobs/1"])
+def test_ids_are_uuids_and_anything_else_is_422(client, path: str) -> None:
+    """Row numbers beyond the database integer once reached the database and came back as a 500;
+    now ids are UUIDs, and a number is a 422 before any query."""
     response = client.get(path)
-    assert response.status_code == 422 and "less than or equal to 2147483647" in response.text
+    assert response.status_code == 422 and "UUID" in response.text

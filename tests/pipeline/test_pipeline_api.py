@@ -1,5 +1,5 @@
-"""The pipeline router mounted on a bare FastAPI app: jobs are stored and their chunks land in
-Redis (db 13); status, entities and bad requests."""
+"""The jobs routes of the assembled app (no API keys: everything belongs to ``local``): jobs are
+stored and their chunks land in Redis (db 13); status, entities and bad requests."""
 
 from __future__ import annotations
 
@@ -8,21 +8,25 @@ import json
 
 import pytest
 import redis
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from pipeline import crud, processing
 from pipeline.model_version import model_version_of_path
-from pipeline.models import Document
+from pipeline.models import Document, Job
 
 
 @pytest.fixture
 def client(migrated: str, redis_db13: str) -> TestClient:
-    import pipeline.api
+    from ner_service.settings import Settings
+    from padellm_ner.asgi import create_app
 
-    app = FastAPI()
-    app.include_router(pipeline.api.router)
-    return TestClient(app)
+    return TestClient(create_app(Settings(ner_model="tiny-conll03", ner_api_keys="", ner_rate_limit_per_minute=10_000, database_url=migrated)))
+
+
+def _job_row_id(sessions, public_id: str) -> int:
+    with sessions() as session:
+        return session.scalar(select(Job.id).where(Job.public_id == public_id))
 
 
 def _queued_chunks(url: str) -> list[list]:
@@ -41,30 +45,38 @@ def test_inline_job_is_stored_and_enqueued(client: TestClient, redis_db13: str, 
     assert body["total"] == 7 and body["status"] == "queued" and body["strategy"] == "padellm"
     assert body["model_version"] == ",".join(sorted([model_version_of_path("tiny-conll03"), model_version_of_path("zh-resume")]))
     assert answer.headers["location"] == body["status_url"] == f"/v1/jobs/{body['job_id']}"
+    job_row = _job_row_id(sessions, body["job_id"])
     with sessions() as session:
-        stored = crud.pending_document_ids(session, body["job_id"])
+        stored = crud.pending_document_ids(session, job_row)
         assert len(stored) == 7 and session.get(Document, stored[-1]).language == "zh"
+        assert crud.public_ids_of(session, stored) == body["document_ids"]
     chunks = _queued_chunks(redis_db13)
     assert sorted(doc_id for args in chunks for doc_id in args[1]) == stored
-    assert {args[0] for args in chunks} == {body["job_id"]} and max(len(args[1]) for args in chunks) == 4
+    assert {args[0] for args in chunks} == {job_row} and max(len(args[1]) for args in chunks) == 4
     status = client.get(body["status_url"]).json()
-    assert (status["status"], status["processed"], status["failed"], status["total"], status["progress"]) == ("queued", 0, 0, 7, 0.0)
-    entities = client.get(f"/v1/documents/{stored[0]}/entities").json()
-    assert entities == {"document_id": stored[0], "external_id": "doc-0", "status": "pending", "error": None, "model_version": None, "entities": []}
+    assert (status["id"], status["status"], status["processed"], status["failed"], status["total"], status["progress"]) == (
+        body["job_id"], "queued", 0, 0, 7, 0.0)
+    first = body["document_ids"][0]
+    entities = client.get(f"/v1/documents/{first}/entities").json()
+    assert entities == {"document_id": first, "external_id": "doc-0", "status": "pending", "error": None, "model_version": None, "entities": []}
     # resubmitting the same external ids reuses the documents
     again = client.post("/v1/jobs", json={"documents": docs[:2], "decoder": "ar"})  # the old name of the strategy
     assert again.status_code == 202 and again.json()["total"] == 2 and again.json()["strategy"] == "ar"
-    assert client.post("/v1/jobs", json={"document_ids": [stored[0], stored[-1]]}).json()["total"] == 2
+    assert again.json()["document_ids"] == body["document_ids"][:2]
+    by_id = client.post("/v1/jobs", json={"document_ids": [first, body["document_ids"][-1]]})
+    assert by_id.json()["total"] == 2 and by_id.json()["document_ids"] == [first, body["document_ids"][-1]]
 
 
 def test_processed_document_entities(client: TestClient, sessions, tiny_engine) -> None:
     from ner_service.engine import EnginePool
     from pipeline.runner import run_job
 
-    job_id = client.post("/v1/jobs", json={"documents": [{"text": "EU rejects German call to boycott British lamb ."}, {"text": " "}]}).json()["job_id"]
-    run_job(sessions, EnginePool.serving(tiny_engine), job_id, chunk_size=4)
-    with sessions() as session:
-        first, second = sorted(d.id for d in session.query(Document))
+    submitted = client.post("/v1/jobs", json={"documents": [{"text": "EU rejects German call to boycott British lamb ."}, {"text": "Bonn ."}]})
+    job_id, (first, second) = submitted.json()["job_id"], submitted.json()["document_ids"]
+    with sessions() as session:  # a text that passed the door but fails when the job runs (stored before the check)
+        session.get(Document, crud.owned_document_ids(session, "local", [second])[0]).text = " "
+        session.commit()
+    run_job(sessions, EnginePool.serving(tiny_engine), _job_row_id(sessions, job_id), chunk_size=4)
     status = client.get(f"/v1/jobs/{job_id}").json()
     assert (status["status"], status["processed"], status["failed"], status["progress"]) == ("completed", 1, 1, 1.0)
     found = client.get(f"/v1/documents/{first}/entities").json()
@@ -77,19 +89,22 @@ def test_processed_document_entities(client: TestClient, sessions, tiny_engine) 
 
 @pytest.mark.parametrize(("payload", "code", "fragment"), [
     ({}, 422, "documents"),
-    ({"documents": [{"text": "a"}], "document_ids": [1]}, 422, "either"),
+    ({"documents": [{"text": "a"}], "document_ids": ["6f1c3d7e-93a4-4b8e-9d57-2f0b9c1e4a10"]}, 422, "either"),
     ({"documents": []}, 422, "at least 1"),
     ({"documents": [{"external_id": "x"}]}, 422, "text"),
-    ({"documents": [{"text": "x" * 20_001}]}, 422, "limit of 20000"),
+    ({"documents": [{"text": "x" * 20_001}]}, 422, "more than NER_MAX_TEXT_CHARS=20000"),
+    ({"documents": [{"text": "  "}]}, 422, "empty text"),
+    ({"documents": [{"text": "a\ud800b"}]}, 422, "unpaired surrogate at character 1"),
+    ({"document_ids": [41]}, 422, "UUID"),
     ({"documents": [{"text": "a"}], "decoder": "beam"}, 422, "unknown strategy 'beam'"),
     ({"documents": [{"text": "a"}], "strategy": "fast_dllm"}, 422, "not a masked-diffusion model"),
     ({"documents": [{"text": "a"}], "strategy": "ar", "decoder": "padellm"}, 422, "disagree"),
     ({"documents": [{"text": "a"}], "colour": "red"}, 422, "Extra inputs"),
     ({"documents": [{"text": "a", "colour": "red"}]}, 422, "Extra inputs"),
-    ({"document_ids": [41, 42]}, 404, "41"),
+    ({"document_ids": ["6f1c3d7e-93a4-4b8e-9d57-2f0b9c1e4a10"]}, 404, "6f1c3d7e-93a4-4b8e-9d57-2f0b9c1e4a10"),
 ])
 def test_bad_requests_get_clear_errors(client: TestClient, payload: dict, code: int, fragment: str) -> None:
-    answer = client.post("/v1/jobs", json=payload)
+    answer = client.post("/v1/jobs", content=json.dumps(payload), headers={"Content-Type": "application/json"})  # ASCII escapes: a lone surrogate travels
     assert answer.status_code == code and fragment in answer.text, answer.text
 
 
@@ -97,6 +112,8 @@ def test_conflicting_external_id_and_unknown_ids(client: TestClient) -> None:
     assert client.post("/v1/jobs", json={"documents": [{"text": "one", "external_id": "e"}]}).status_code == 202
     conflict = client.post("/v1/jobs", json={"documents": [{"text": "two", "external_id": "e"}]})
     assert conflict.status_code == 409 and "'e'" in conflict.json()["detail"]
-    assert client.get("/v1/jobs/999").status_code == 404
-    assert client.get("/v1/documents/999/entities").status_code == 404
-    assert client.get("/v1/jobs/not-a-number").status_code == 422
+    unknown = "6f1c3d7e-93a4-4b8e-9d57-2f0b9c1e4a10"
+    assert client.get(f"/v1/jobs/{unknown}").status_code == 404
+    assert client.get(f"/v1/documents/{unknown}/entities").status_code == 404
+    assert client.get("/v1/jobs/1").status_code == 422  # row numbers are not ids
+    assert client.get("/v1/jobs/not-a-uuid").status_code == 422

@@ -75,6 +75,11 @@ def test_ingest_reads_jsonl_text_and_conll(database: str, tmp_path: Path, capsys
     ("latin1.txt", b"fine\nna\xefve\n", 2, "invalid UTF-8 byte 0xef"),
     ("missing_tag.conll", "EU B-ORG\nrejects O\n\nPeter\n", 4, "expected a token and a tag"),
     ("bad_tag.conll", "EU B-ORG\nrejects X-ORG\n", 2, "impossible tag 'X-ORG'"),
+    ("surrogate.jsonl", '{"text": "fine"}\n{"text": "a\\ud800b"}\n', 2, "unpaired surrogate at character 1"),
+    ("empty.jsonl", '{"text": "fine"}\n{"text": "  "}\n', 2, "empty text"),
+    ("long.jsonl", '{"text": "fine"}\n\n{"text": "%s"}\n' % ("x" * 20_001), 3, "more than NER_MAX_TEXT_CHARS=20000"),
+    ("long.txt", "fine\n" + "y" * 20_001 + "\n", 2, "more than NER_MAX_TEXT_CHARS=20000"),
+    ("long.conll", "-DOCSTART- O\n\nEU B-ORG\n\n-DOCSTART- O\n\n" + "word O\n" * 4_500, 5, "more than NER_MAX_TEXT_CHARS=20000"),
 ])
 def test_malformed_files_name_file_line_and_reason_and_store_nothing(
         database: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, content: str | bytes, line: int, reason: str) -> None:
@@ -110,13 +115,14 @@ def test_jobs_run_shows_progress_and_jobs_status_reports_it(database: str, tmp_p
     run = capsys.readouterr()
     assert "documents: 100%" in run.err and "3/3" in run.err  # the progress bar
     status = json.loads(run.out)
-    assert (status["id"], status["status"], status["processed"], status["failed"], status["total"]) == (1, "completed", 3, 0, 3)
+    assert (status["status"], status["processed"], status["failed"], status["total"]) == ("completed", 3, 0, 3)
 
     assert main(["jobs", "status"]) == 0
     [line] = capsys.readouterr().out.splitlines()
-    assert line.split()[:8] == ["1", "completed", "3", "processed", "0", "failed", "of", "3"]
-    assert main(["jobs", "status", "1"]) == 0
-    assert json.loads(capsys.readouterr().out) == status
+    assert line.split()[:8] == [status["id"], "completed", "3", "processed", "0", "failed", "of", "3"]
+    for reference in ("1", status["id"]):  # the row number or the id
+        assert main(["jobs", "status", reference]) == 0
+        assert json.loads(capsys.readouterr().out) == status
     assert main(["jobs", "status", "7"]) == 2
     assert "no job 7" in capsys.readouterr().err
     assert main(["jobs", "run"]) == 0

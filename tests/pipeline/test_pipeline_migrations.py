@@ -39,7 +39,7 @@ def test_alembic_command_line_reads_database_url(sqlite_url: str) -> None:
         done = subprocess.run([sys.executable, "-m", "alembic", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         if args == ["current"]:
-            assert "0002 (head)" in done.stdout
+            assert "0003 (head)" in done.stdout
 
 
 def test_the_strategy_rename_keeps_every_jobs_strategy(database_url: str) -> None:
@@ -62,4 +62,42 @@ def test_the_strategy_rename_keeps_every_jobs_strategy(database_url: str) -> Non
     command.downgrade(config, "0001")
     with engine.connect() as connection:
         assert connection.execute(text("SELECT decoder FROM jobs WHERE id = 7")).scalar() == "ar"
+    command.downgrade(config, "base")
+
+
+def test_owners_and_public_ids_are_given_to_existing_rows(database_url: str) -> None:
+    """0003: every document and job stored before gets the owner ``local`` and its own random
+    public id; afterwards an ``external_id`` is unique per owner, not across owners."""
+    import uuid
+
+    import pytest
+    from alembic import command
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    from pipeline.db import alembic_config
+
+    config = alembic_config(database_url)
+    command.upgrade(config, "0002")
+    engine = get_engine(database_url)
+    insert = ("INSERT INTO documents (id, external_id, text, status, content_hash, created_at) "
+              "VALUES (:id, :external_id, 't', 'pending', 'h', CURRENT_TIMESTAMP)")
+    with engine.begin() as connection:
+        for row_id in (1, 2):
+            connection.execute(text(insert), {"id": row_id, "external_id": f"doc-{row_id}"})
+        connection.execute(text("INSERT INTO jobs (id, status, total, processed, failed, model_version, strategy, created_at, updated_at) "
+                                "VALUES (3, 'completed', 0, 0, 0, 'v', 'ar', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+    command.upgrade(config, "head")
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT public_id, owner FROM documents UNION ALL SELECT public_id, owner FROM jobs")).all()
+    assert {owner for _, owner in rows} == {"local"}
+    assert len({uuid.UUID(public_id) for public_id, _ in rows}) == 3
+    insert_owned = ("INSERT INTO documents (id, public_id, owner, external_id, text, status, content_hash, created_at) "
+                    "VALUES (:id, :public_id, :owner, 'doc-1', 't', 'pending', 'h', CURRENT_TIMESTAMP)")
+    with engine.begin() as connection:
+        connection.execute(text(insert_owned), {"id": 4, "public_id": str(uuid.uuid4()), "owner": "key:other"})
+    with pytest.raises(IntegrityError), engine.begin() as connection:
+        connection.execute(text(insert_owned), {"id": 5, "public_id": str(uuid.uuid4()), "owner": "local"})
+    with engine.begin() as connection:  # the downgrade makes external_id unique across owners again
+        connection.execute(text("DELETE FROM documents WHERE id = 4"))
     command.downgrade(config, "base")

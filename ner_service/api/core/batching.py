@@ -1,13 +1,20 @@
 """The micro-batcher: concurrent requests gathered for a few milliseconds and run as one ``engine.extract`` call.
 
-Requests are grouped by identical :class:`ExtractOptions` (model, labels, strategy, decoder). All engine work,
-model loading included, runs in ONE dedicated worker thread (the engine is not thread-safe), off the event loop.
+Every request is admitted first (:mod:`.admission`: its work and the work queued before it must
+fit the request timeout at the measured rate), then cut into pieces (:mod:`.work`: a text
+longer than ``piece_tokens`` is cut at sentence ends). Pieces wait in one queue per caller (API
+key), and each batch starts with the next caller in turn, so that no key's burst holds back
+another's requests. A batch is either whole texts of any callers (up to ``max_texts`` with the
+same :class:`ExtractOptions`) or pieces of long texts (up to ``split_tokens``): a short request
+never waits behind more than one small batch of someone's long text. A request that times out
+or whose client is gone is cancelled, and its pieces still queued never reach the engine.
 
-The gathering window opens with the first queued request and closes when the batch is full or
-after ``wait_ms``, stretched to ``wait_fraction`` of the previous engine call (at most
-``wait_max_ms``): when a batch takes seconds, its clients' next requests may take longer than
-``wait_ms`` to come back (a loaded machine), and a batch cut short costs more per text than
-the wait. A full batch never waits.
+All engine work, model loading included, runs in ONE dedicated worker thread (the engine is not
+thread-safe), off the event loop. The gathering window opens with the first queued piece and
+closes when ``max_texts`` are queued or after ``wait_ms``, stretched to ``wait_fraction`` of the
+previous engine call (at most ``wait_max_ms``): when a batch takes seconds, its clients' next
+requests may take longer than ``wait_ms`` to come back, and a batch cut short costs more per
+text than the wait.
 """
 
 from __future__ import annotations
@@ -15,55 +22,84 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ner_service.api.core.admission import Admission
 from ner_service.api.core.metrics import Metrics
+from ner_service.api.core.work import Piece, merged, pieces_of
 from ner_service.engine import ExtractOptions, Extraction
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class QueueFullError(RuntimeError):
-    """The queue holds its maximum number of texts; the caller should retry later."""
-
-    retry_after_s = 1
-
-
-@dataclass
-class _Job:
-    key: ExtractOptions
-    texts: list[str]
-    future: asyncio.Future[list[Extraction]] = field(repr=False)
-
-
 Runner = Callable[[ExtractOptions, list[str]], list[Extraction]]
 
 
-class MicroBatcher:
-    """Queue requests and feed them to ``run`` in the engine thread, batched when ``enabled``."""
+@dataclass(eq=False)
+class _Request:
+    """An admitted request: its pieces, the answers received so far, and its future."""
 
-    def __init__(self, run: Runner, metrics: Metrics, *, enabled: bool, wait_ms: float, max_texts: int, queue_max: int,
-                 wait_fraction: float = 0.0, wait_max_ms: float = 0.0) -> None:
+    key: ExtractOptions
+    texts: list[str]
+    pieces: list[Piece]
+    future: asyncio.Future[list[Extraction]] = field(repr=False)
+    answers: dict[int, Extraction] = field(default_factory=dict)  # by piece index
+
+    @property
+    def tokens(self) -> int:
+        return sum(piece.units for piece in self.pieces)
+
+    def answer(self) -> list[Extraction]:
+        """Every text's extraction, from its pieces' answers."""
+        parts: dict[int, list[tuple[Piece, Extraction]]] = {}
+        for index, piece in enumerate(self.pieces):
+            parts.setdefault(piece.text_index, []).append((piece, self.answers[index]))
+        return [merged(text, parts[index]) for index, text in enumerate(self.texts)]
+
+
+@dataclass(frozen=True, eq=False)
+class _Queued:
+    """A piece waiting for the engine: piece ``index`` of ``request``."""
+
+    request: _Request
+    index: int
+
+    @property
+    def piece(self) -> Piece:
+        return self.request.pieces[self.index]
+
+
+class MicroBatcher:
+    """Admit requests, queue their pieces per caller, and feed batches to ``run`` in the engine
+    thread (batched across requests when ``enabled``)."""
+
+    def __init__(self, run: Runner, metrics: Metrics, admission: Admission, *, enabled: bool, wait_ms: float, max_texts: int,
+                 wait_fraction: float = 0.0, wait_max_ms: float = 0.0, piece_tokens: int = 64, split_tokens: int = 64) -> None:
         self._run = run
         self._metrics = metrics
+        self.admission = admission
         self.enabled = enabled
         self._wait_s = wait_ms / 1000
         self._wait_fraction = wait_fraction
         self._wait_max_s = max(wait_max_ms, wait_ms) / 1000
         self._last_run_s = 0.0
         self._max_texts = max_texts
-        self._queue_max = queue_max
-        self._pending_texts = 0
-        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self._piece_tokens = piece_tokens
+        self._split_tokens = split_tokens
+        self._queues: dict[str, deque[_Queued]] = {}  # per caller, in arrival order; dict order is the callers' turn
+        self._queued = 0
+        self._arrived = asyncio.Event()
+        self.pending_texts = 0  # texts of admitted requests not answered yet
+        self.pending_tokens = 0  # their estimated work
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ner-engine")
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Start gathering (inside the running event loop)."""
+        self._arrived = asyncio.Event()
         self._task = asyncio.create_task(self._gather_forever(), name="micro-batcher")
 
     async def stop(self) -> None:
@@ -77,70 +113,123 @@ class MicroBatcher:
         """Run ``fn(*args)`` in the engine thread (e.g. loading a model), after the work queued there."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def submit(self, key: ExtractOptions, texts: list[str]) -> list[Extraction]:
-        """The extractions of ``texts``; raises :class:`QueueFullError` when the queue is full."""
-        if self._pending_texts >= self._queue_max:
-            raise QueueFullError(f"the queue holds {self._pending_texts} texts (NER_QUEUE_MAX={self._queue_max}); retry later")
-        job = _Job(key, texts, asyncio.get_running_loop().create_future())
-        self._pending_texts += len(texts)
-        self._metrics.queue_texts.set(self._pending_texts)
-        self._queue.put_nowait(job)
-        return await job.future
+    async def submit(self, key: ExtractOptions, texts: list[str], caller: str = "") -> list[Extraction]:
+        """The extractions of ``texts``. Raises :class:`~.admission.TooMuchWork` or
+        :class:`~.admission.Overloaded` before queueing anything; cancelling the call (a timeout, a
+        client gone) takes its pieces out of the queue."""
+        pieces = pieces_of(texts, self._piece_tokens)
+        request = _Request(key, texts, pieces, asyncio.get_running_loop().create_future())
+        self.admission.check(request.tokens, len(texts), self.pending_tokens, self.pending_texts)
+        self._hold(request, +1)
+        queue = self._queues.setdefault(caller, deque())
+        queue.extend(_Queued(request, index) for index in range(len(pieces)))
+        self._queued += len(pieces)
+        self._arrived.set()
+        try:
+            return await request.future
+        finally:
+            if not request.future.done():
+                request.future.cancel()
+            self._drop_cancelled(caller)
+            self._hold(request, -1)
+
+    def _hold(self, request: _Request, sign: int) -> None:
+        self.pending_texts += sign * len(request.texts)
+        self.pending_tokens += sign * request.tokens
+        self._metrics.queue_texts.set(self.pending_texts)
+
+    def _drop_cancelled(self, caller: str) -> None:
+        queue = self._queues.get(caller)
+        if queue:
+            live = deque(q for q in queue if not q.request.future.done())
+            self._queued -= len(queue) - len(live)
+            self._queues[caller] = live
 
     async def _gather_forever(self) -> None:
         while True:
-            jobs = [await self._queue.get()]
+            if not self._queued:
+                self._arrived.clear()
+                await self._arrived.wait()
             if self.enabled:
-                await self._gather_more(jobs)
-            groups: dict[ExtractOptions, list[_Job]] = {}
-            for job in jobs:
-                groups.setdefault(job.key, []).append(job)
-            for key, group in groups.items():
-                await self._process(key, group)
+                await self._gather_more()
+            batch = self._take_batch()
+            if batch:
+                await self._process(batch)
 
     def gather_window_s(self) -> float:
         """How long the next batch may wait for more requests (module docstring)."""
         return min(max(self._wait_s, self._wait_fraction * self._last_run_s), self._wait_max_s)
 
-    async def _gather_more(self, jobs: list[_Job]) -> None:
-        """Add queued jobs to ``jobs`` for up to the gathering window, or until the first key has ``max_texts`` texts."""
+    async def _gather_more(self) -> None:
+        """Wait for more pieces for up to the gathering window, or until ``max_texts`` are queued."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.gather_window_s()
-        first = jobs[0].key
-        texts = len(jobs[0].texts)
-        while texts < self._max_texts:
-            if self._queue.empty():
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return
-                try:
-                    job = await asyncio.wait_for(self._queue.get(), remaining)
-                except TimeoutError:
-                    return
-            else:
-                job = self._queue.get_nowait()
-            jobs.append(job)
-            if job.key == first:
-                texts += len(job.texts)
+        while self._queued < self._max_texts:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                return
 
-    async def _process(self, key: ExtractOptions, group: list[_Job]) -> None:
-        live = [job for job in group if not job.future.done()]  # a timed-out request is dropped
-        texts = [text for job in live for text in job.texts]
+    def _take_batch(self) -> list[_Queued]:
+        """The next batch: it starts with the first piece of the next caller in turn; whole texts
+        with the same options join it from every caller in turn, or, if it is a piece of a long
+        text, other such pieces up to ``split_tokens``. Without micro-batching: one request's pieces."""
+        for caller in list(self._queues):
+            self._drop_cancelled(caller)
+            if not self._queues[caller]:
+                del self._queues[caller]
+        if not self._queues:
+            return []
+        first_caller = next(iter(self._queues))
+        first = self._queues[first_caller][0]
+        batch: list[_Queued] = []
+        tokens = 0
+        limit = self._max_texts if self.enabled else len(first.request.pieces)
+        progressed = True
+        while progressed and len(batch) < limit:
+            progressed = False
+            for queue in self._queues.values():
+                if len(batch) >= limit:
+                    break
+                found = next((q for q in queue if self._joins(q, first, batch, tokens)), None)
+                if found is not None:
+                    queue.remove(found)
+                    batch.append(found)
+                    tokens += found.piece.units
+                    progressed = True
+        self._queues[first_caller] = self._queues.pop(first_caller)  # its turn is over: to the back
+        self._queued = sum(len(queue) for queue in self._queues.values())
+        return batch
+
+    def _joins(self, queued: _Queued, first: _Queued, batch: list[_Queued], tokens: int) -> bool:
+        """Whether ``queued`` may join a batch that starts with ``first`` and holds ``tokens``."""
+        if queued.request.key != first.request.key:
+            return False
+        if not self.enabled:
+            return queued.request is first.request
+        if queued.piece.split != first.piece.split:
+            return False
+        return not (first.piece.split and batch and tokens + queued.piece.units > self._split_tokens)
+
+    async def _process(self, batch: list[_Queued]) -> None:
+        key = batch[0].request.key
+        texts = [queued.piece.text for queued in batch]
         try:
-            if live:
-                began = time.perf_counter()
-                results = await self.in_engine_thread(self._run, key, texts)
-                self._last_run_s = time.perf_counter() - began
-                self._metrics.observe_batch(len(texts), results)
-                at = 0
-                for job in live:
-                    if not job.future.done():
-                        job.future.set_result(results[at:at + len(job.texts)])
-                    at += len(job.texts)
+            began = time.perf_counter()
+            results = await self.in_engine_thread(self._run, key, texts)
+            self._last_run_s = time.perf_counter() - began
+            self.admission.rate.observe(sum(queued.piece.units for queued in batch), self._last_run_s)
+            self._metrics.observe_batch(len(texts), results)
+            for queued, result in zip(batch, results):
+                request = queued.request
+                request.answers[queued.index] = result
+                if len(request.answers) == len(request.pieces) and not request.future.done():
+                    request.future.set_result(request.answer())
         except Exception as error:  # delivered to the waiting requests, which map it to a response
-            for job in live:
-                if not job.future.done():
-                    job.future.set_exception(error)
-        finally:
-            self._pending_texts -= sum(len(job.texts) for job in group)
-            self._metrics.queue_texts.set(self._pending_texts)
+            for queued in batch:
+                if not queued.request.future.done():
+                    queued.request.future.set_exception(error)

@@ -34,6 +34,8 @@ class Metrics:
             registry=self.registry, buckets=(0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256),
         )
         self.queue_texts = Gauge("padellm_queue_texts", "Texts waiting in or being processed by the micro-batcher", registry=self.registry)
+        self.shed = Counter("padellm_requests_shed_total", "Requests refused with 429 because the work queued exceeds the timeout",
+                            registry=self.registry)
 
     def observe_batch(self, texts: int, results: list[Extraction]) -> None:
         """Record one ``engine.extract`` call of ``texts`` texts (its internal batches share a stats object)."""

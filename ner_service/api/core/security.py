@@ -15,6 +15,12 @@ from fastapi import HTTPException, Request, status
 logger = logging.getLogger(__name__)
 
 
+def key_id(caller: str) -> str | None:
+    """The id of the API key a caller presented (``key:<digest prefix>``, never the key), or None
+    in development mode."""
+    return caller if caller.startswith("key:") else None
+
+
 class ApiKeys:
     """The configured API keys; with none, the API runs in an (explicit, logged) development mode."""
 
@@ -63,7 +69,8 @@ class _Bucket:
 
 
 class RateLimiter:
-    """A token bucket per caller: ``per_minute`` requests of burst, refilled at ``per_minute / 60`` per second."""
+    """A token bucket per caller: ``per_minute`` units of burst, refilled at ``per_minute / 60`` per
+    second (a unit: a request, a text, a failed authentication)."""
 
     def __init__(self, per_minute: int) -> None:
         self.capacity = float(per_minute)
@@ -71,31 +78,55 @@ class RateLimiter:
         self._buckets: dict[str, _Bucket] = {}
         self._lock = threading.Lock()
 
-    def retry_after(self, caller: str) -> int:
-        """Take one token for ``caller``: 0 when allowed, else the seconds to wait for the next token."""
+    def retry_after(self, caller: str, cost: float = 1.0, take: bool = True) -> int:
+        """Take ``cost`` units for ``caller`` (or, with ``take=False``, only look): 0 when they are
+        there, else the seconds until they will be (nothing is taken then)."""
         now = time.monotonic()
+        cost = min(cost, self.capacity) if self.capacity else cost
         with self._lock:
             bucket = self._buckets.setdefault(caller, _Bucket(self.capacity, now))
             bucket.tokens = min(self.capacity, bucket.tokens + (now - bucket.updated) * self.rate)
             bucket.updated = now
-            if bucket.tokens >= 1.0:
-                bucket.tokens -= 1.0
+            if bucket.tokens >= cost:
+                if take:
+                    bucket.tokens -= cost
                 return 0
-            return max(1, math.ceil((1.0 - bucket.tokens) / self.rate)) if self.rate > 0 else 60
+            return max(1, math.ceil((cost - bucket.tokens) / self.rate)) if self.rate > 0 else 60
+
+
+def too_many(wait: int, what: str) -> HTTPException:
+    """The 429 of a rate limit, with its ``Retry-After``."""
+    return HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, f"{what}: retry in {wait} s", headers={"Retry-After": str(wait)})
 
 
 class Guard:
-    """The FastAPI dependency of the protected routes: authenticate, then rate-limit, the caller."""
+    """The FastAPI dependency of the protected routes: throttle an address that keeps failing
+    authentication, authenticate, then rate-limit the caller (one unit a request; the entities
+    route charges the rest of its texts with :meth:`charge`)."""
 
-    def __init__(self, keys: ApiKeys, limiter: RateLimiter) -> None:
+    def __init__(self, keys: ApiKeys, limiter: RateLimiter, failures: RateLimiter) -> None:
         self.keys = keys
         self.limiter = limiter
+        self.failures = failures
 
     def __call__(self, request: Request) -> str:
-        caller = self.keys.caller(request)
+        address = request.client.host if request.client else "unknown"
+        wait = self.failures.retry_after(address, take=False)
+        if wait:
+            raise too_many(wait, "too many failed authentications from this address")
+        try:
+            caller = self.keys.caller(request)
+        except HTTPException:
+            self.failures.retry_after(address)
+            raise
         wait = self.limiter.retry_after(caller)
         if wait:
-            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, f"rate limit exceeded: retry in {wait} s",
-                                headers={"Retry-After": str(wait)})
+            raise too_many(wait, "rate limit exceeded")
         return caller
 
+    def charge(self, caller: str, units: int) -> None:
+        """Take ``units`` more of ``caller``'s rate limit (a request's texts beyond the first)."""
+        if units > 0:
+            wait = self.limiter.retry_after(caller, units)
+            if wait:
+                raise too_many(wait, f"rate limit exceeded ({units + 1} texts; NER_RATE_LIMIT_PER_MINUTE counts texts)")

@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, Depends, HTTPException, Request, status
 
-from ner_service.api.core.batching import QueueFullError
+from ner_service.api.core.admission import Overloaded, TooMuchWork
 from ner_service.api.schemas import EntitiesRequest, EntitiesResponse, EntityOut, ErrorResponse, StatsOut, TextResult
 from ner_service.api.state import ApiState, api_state, authorize
 from ner_service.engine import InvalidOptionsError, ModelLoadError, ModelNotFoundError
 
-router = APIRouter(prefix="/v1", tags=["entities"], dependencies=[Depends(authorize)])
+logger = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1", tags=["entities"])
+#: How often a waiting request checks that its client is still there.
+DISCONNECT_POLL_S = 0.25
 
 ERRORS = {
     code: {"model": ErrorResponse, "description": description}
     for code, description in {
         400: "the body is not valid UTF-8 JSON",
         401: "missing or invalid API key",
-        413: "too many texts, a text too long, or a body too large",
+        413: "too many texts, a text too long, a body too large, or more work than one request may hold (NER_MAX_REQUEST_TOKENS, the timeout)",
         422: "invalid request: wrong types; an unknown model, label, strategy or decoder, or one the model cannot run",
-        429: "rate limit exceeded or queue full (see Retry-After)",
+        429: "rate limit exceeded (it counts texts), too many failed authentications, or the server at capacity (see Retry-After)",
         503: "the model could not be loaded",
         504: "the request timed out (NER_REQUEST_TIMEOUT_S)",
     }.items()
@@ -38,25 +42,54 @@ def _check_limits(texts: list[str], state: ApiState) -> None:
                                 f"text {index} has {len(text)} characters; at most {settings.ner_max_text_chars} (NER_MAX_TEXT_CHARS)")
 
 
+async def _client_gone(request: Request) -> None:
+    """Return once the client has closed the connection."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def _extract(request: Request, state: ApiState, options, texts: list[str], caller: str):
+    """The batcher's answer, or an HTTP error; the work is cancelled when the request times out
+    or its client goes away."""
+    timeout = state.settings.ner_request_timeout_s
+    work = asyncio.ensure_future(state.batcher.submit(options, texts, caller))
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        done, _ = await asyncio.wait({work, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+    if work not in done:
+        await asyncio.gather(work, return_exceptions=True)
+        if gone in done:
+            logger.info("client gone: its work is cancelled")
+            raise HTTPException(499, "client closed the request")
+        raise HTTPException(status.HTTP_504_GATEWAY_TIMEOUT, f"no answer within {timeout} s (NER_REQUEST_TIMEOUT_S)")
+    try:
+        return work.result()
+    except TooMuchWork as error:
+        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, str(error)) from None
+    except Overloaded as error:
+        state.metrics.shed.inc()
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(error), headers={"Retry-After": str(error.retry_after_s)}) from None
+    except ModelLoadError as error:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from None
+
+
 @router.post("/entities", response_model=EntitiesResponse, responses=ERRORS)
-async def extract_entities(body: EntitiesRequest, state: ApiState = Depends(api_state)) -> EntitiesResponse:
+async def extract_entities(body: EntitiesRequest, request: Request, state: ApiState = Depends(api_state),
+                           caller: str = Depends(authorize)) -> EntitiesResponse:
     """Entities (character offsets, label, score) of every text, with the engine's timing and forward passes."""
     began = time.perf_counter()
     texts = body.all_texts()
     _check_limits(texts, state)
+    state.guard.charge(caller, len(texts) - 1)
     try:
         options = state.pool.options(body.model, body.language, body.labels, body.strategy, body.decoder, body.backend)
     except (InvalidOptionsError, ModelNotFoundError) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
-    try:
-        extractions = await asyncio.wait_for(state.batcher.submit(options, texts), state.settings.ner_request_timeout_s)
-    except QueueFullError as error:
-        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(error), headers={"Retry-After": str(error.retry_after_s)}) from None
-    except TimeoutError:
-        raise HTTPException(status.HTTP_504_GATEWAY_TIMEOUT,
-                            f"no answer within {state.settings.ner_request_timeout_s} s (NER_REQUEST_TIMEOUT_S)") from None
-    except ModelLoadError as error:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from None
+    extractions = await _extract(request, state, options, texts, caller)
     return EntitiesResponse(
         model=options.model,
         labels=list(options.labels or state.pool.config(options.model).labels),
