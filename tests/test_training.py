@@ -92,3 +92,33 @@ def test_lora_training_saves_a_small_adapter(tmp_path: Path, tiny_engine) -> Non
     engine = NEREngine.load(tmp_path / "lora")
     assert engine.labels == ["LOC", "PER"]
     assert engine.extract(["Peter met Anna"])[0].stats.forward_passes > 0
+
+
+def test_loss_weights_weigh_each_query_kind(tiny_engine) -> None:
+    """Weights 1 give the plain mean; weight 0 on the AR answer gives the loss of a row without it."""
+    from training.examples import query_answers
+
+    model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
+    kinds = [qa.kind for qa in query_answers(EXAMPLE, ["LOC", "PER"], ["padellm", "ar"])]
+    assert kinds == ["count", "mention", "count", "mention", "mention", "ar"]
+    plain = build_row(EXAMPLE, ["LOC", "PER"], tokenizer, ["padellm", "ar"])
+    ones = build_row(EXAMPLE, ["LOC", "PER"], tokenizer, ["padellm", "ar"], loss_weights={"count": 1.0})
+    no_ar = build_row(EXAMPLE, ["LOC", "PER"], tokenizer, ["padellm", "ar"], loss_weights={"ar": 0.0})
+    padellm_only = build_row(EXAMPLE, ["LOC", "PER"], tokenizer, ["padellm"])
+    counts_twice = build_row(EXAMPLE, ["LOC", "PER"], tokenizer, ["padellm"], loss_weights={"count": 2.0})
+    assert plain.weights is None and sorted(set(counts_twice.weights)) == [0.0, 1.0, 2.0]
+    with torch.inference_mode():
+        loss = {name: answer_loss(model, [row], tokenizer.eos_token_id).item()
+                for name, row in {"plain": plain, "ones": ones, "no_ar": no_ar, "padellm_only": padellm_only, "counts_twice": counts_twice}.items()}
+    assert loss["ones"] == pytest.approx(loss["plain"], rel=1e-5)
+    assert loss["no_ar"] == pytest.approx(loss["padellm_only"], rel=1e-4)
+    assert loss["counts_twice"] != pytest.approx(loss["padellm_only"], rel=1e-4)
+
+
+def test_texts_with_long_lists_are_seen_more_often() -> None:
+    from training.trainer import oversample_hard_counts
+
+    many = Example("A B C D", [Span(0, 1, "PER"), Span(2, 3, "PER"), Span(4, 5, "PER"), Span(6, 7, "LOC")])
+    assert oversample_hard_counts([EXAMPLE, many], ["LOC", "PER"], minimum=3, repeat=3) == [EXAMPLE, many, many, many]
+    assert oversample_hard_counts([EXAMPLE, many], ["LOC", "PER"], minimum=3, repeat=1) == [EXAMPLE, many]
+    assert oversample_hard_counts([EXAMPLE, many], ["LOC"], minimum=3, repeat=3) == [EXAMPLE, many]

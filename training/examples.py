@@ -17,39 +17,57 @@ from ner_service.engine import prompts
 from corpora import Example
 
 FORMATS = ("padellm", "ar")
+#: The kinds of query a row holds; the loss can weigh their answers differently.
+QUERY_KINDS = ("count", "mention", "ar")
 IGNORE = -100
 
 
 @dataclass(frozen=True)
 class TrainingRow:
-    """A packed tree and, per position, the token it must predict (``IGNORE`` elsewhere)."""
+    """A packed tree and, per position, the token it must predict (``IGNORE`` elsewhere) and
+    that target's weight in the loss (None: all 1)."""
 
     tree: PackedTree
     targets: list[int]
+    weights: list[float] | None = None
 
     @property
     def answer_tokens(self) -> int:
         return sum(t != IGNORE for t in self.targets)
 
 
-def query_answer_pairs(
-    example: Example, labels: Sequence[str], formats: Sequence[str], names: Mapping[str, str] | None = None
-) -> list[tuple[str, str]]:
-    """The (query, answer) strings of one text in the requested formats; ``names`` maps a label
-    to how prompts write it (the label itself when absent)."""
+@dataclass(frozen=True)
+class QueryAnswer:
+    """One query of a text, its answer, and its kind (one of :data:`QUERY_KINDS`)."""
+
+    query: str
+    answer: str
+    kind: str
+
+
+def query_answers(example: Example, labels: Sequence[str], formats: Sequence[str], names: Mapping[str, str] | None = None) -> list[QueryAnswer]:
+    """The queries of one text in the requested formats with their answers; ``names`` maps a
+    label to how prompts write it (the label itself when absent)."""
     names = names or {}
-    pairs: list[tuple[str, str]] = []
+    found: list[QueryAnswer] = []
     if "padellm" in formats:
         for label in labels:
             mentions, shown = example.mentions(label), names.get(label, label)
-            pairs.append((prompts.count_query(shown), prompts.count_answer(len(mentions))))
+            found.append(QueryAnswer(prompts.count_query(shown), prompts.count_answer(len(mentions)), "count"))
             for k, mention in enumerate(mentions, start=1):
-                pairs.append((prompts.mention_query(shown, len(mentions), k), prompts.mention_answer(mention)))
+                found.append(QueryAnswer(prompts.mention_query(shown, len(mentions), k), prompts.mention_answer(mention), "mention"))
     if "ar" in formats:
         wanted = set(labels)
         ordered = [(names.get(s.label, s.label), example.text[s.start:s.end]) for s in example.spans if s.label in wanted]
-        pairs.append((prompts.ar_query(), prompts.ar_answer(ordered)))
-    return pairs
+        found.append(QueryAnswer(prompts.ar_query(), prompts.ar_answer(ordered), "ar"))
+    return found
+
+
+def query_answer_pairs(
+    example: Example, labels: Sequence[str], formats: Sequence[str], names: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """The (query, answer) strings of :func:`query_answers`."""
+    return [(qa.query, qa.answer) for qa in query_answers(example, labels, formats, names)]
 
 
 def build_row(
@@ -58,24 +76,29 @@ def build_row(
     tokenizer: PreTrainedTokenizerBase,
     formats: Sequence[str] = FORMATS,
     names: Mapping[str, str] | None = None,
+    loss_weights: Mapping[str, float] | None = None,
 ) -> TrainingRow:
-    """Pack all of ``example``'s queries behind its prefix."""
+    """Pack all of ``example``'s queries behind its prefix; ``loss_weights`` (by query kind,
+    missing kinds 1) weigh their answers' tokens in the loss."""
     unknown = set(formats) - set(FORMATS)
     if unknown:
         raise ValueError(f"unknown format(s) {sorted(unknown)}; choose from {FORMATS}")
     eos = tokenizer.eos_token_id
     prefix = tokenizer(prompts.prefix(example.text)).input_ids
-    branches, answer_starts = [], []
-    for query, answer in query_answer_pairs(example, labels, formats, names):
-        query_ids = tokenizer(query, add_special_tokens=False).input_ids
-        answer_ids = tokenizer(answer, add_special_tokens=False).input_ids + [eos]
+    branches, answer_starts, kinds = [], [], []
+    for qa in query_answers(example, labels, formats, names):
+        query_ids = tokenizer(qa.query, add_special_tokens=False).input_ids
+        answer_ids = tokenizer(qa.answer, add_special_tokens=False).input_ids + [eos]
         branches.append(query_ids + answer_ids)
         answer_starts.append(len(query_ids))
+        kinds.append(qa.kind)
     tree = pack_branches(prefix, branches)
     targets = [IGNORE] * len(tree)
+    weights = [0.0] * len(tree)
     position = len(prefix)
-    for branch, first_answer in zip(branches, answer_starts):
+    for branch, first_answer, kind in zip(branches, answer_starts, kinds):
         for i in range(first_answer, len(branch)):
             targets[position + i - 1] = branch[i]
+            weights[position + i - 1] = (loss_weights or {}).get(kind, 1.0)
         position += len(branch)
-    return TrainingRow(tree, targets)
+    return TrainingRow(tree, targets, weights if loss_weights else None)

@@ -20,11 +20,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from general_decoding.tree_attention import collate_trees
 from ner_service.engine import NEREngine, NERModel, NERModelConfig
-from ner_service.engine.model_loading import load_causal_lm
-from ner_service.engine.ner_model import SELF_CONTAINED
+from ner_service.engine.ner_model import SELF_CONTAINED, load_base
 from corpora import Example, labels_of, read_corpus
 from training.evaluate import evaluate_engine
-from training.examples import FORMATS, IGNORE, TrainingRow, build_row
+from training.examples import FORMATS, IGNORE, QUERY_KINDS, TrainingRow, build_row
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,6 +60,19 @@ class TrainConfig:
     device: str = "cpu"
     dtype: str = "float32"
     resume: bool = False
+    #: Weight of each query kind's answer tokens in the loss (count, mention, ar; missing: 1).
+    loss_weights: dict[str, float] = field(default_factory=dict)
+    #: Texts with a label of at least ``hard_count_min`` mentions are seen this many times an epoch.
+    hard_count_repeat: int = 1
+    hard_count_min: int = 3
+
+
+def oversample_hard_counts(examples: list[Example], labels: list[str], minimum: int, repeat: int) -> list[Example]:
+    """``examples`` with each text that holds at least ``minimum`` mentions of a label repeated
+    ``repeat`` times (under-counting long lists is PaDeLLM's main error)."""
+    if repeat <= 1:
+        return examples
+    return [e for e in examples for _ in range(repeat if any(len(e.mentions(label)) >= minimum for label in labels) else 1)]
 
 
 def length_batches(lengths: list[int], batch_tokens: int, seed: int) -> list[list[int]]:
@@ -86,9 +98,9 @@ def _inner(model: torch.nn.Module) -> PreTrainedModel:
 
 
 def packed_loss(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                targets: list[list[int]]) -> torch.Tensor:
-    """Mean cross-entropy of collated packed rows at their targets (``IGNORE`` elsewhere); the
-    LM head runs on the target positions only."""
+                targets: list[list[int]], weights: list[list[float] | None] | None = None) -> torch.Tensor:
+    """Mean cross-entropy of collated packed rows at their targets (``IGNORE`` elsewhere),
+    weighted per target when ``weights`` are given; the LM head runs on the target positions only."""
     lm = _inner(model)
     padded = torch.full(ids.shape, IGNORE, dtype=torch.long)
     for i, row in enumerate(targets):
@@ -97,13 +109,20 @@ def packed_loss(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tens
     hidden = lm.get_decoder()(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device)).last_hidden_state
     selected = padded.to(device) != IGNORE
     logits = lm.get_output_embeddings()(hidden[selected]).float()
-    return torch.nn.functional.cross_entropy(logits, padded.to(device)[selected])
+    if weights is None or all(w is None for w in weights):
+        return torch.nn.functional.cross_entropy(logits, padded.to(device)[selected])
+    scale = torch.zeros(ids.shape)
+    for i, (row, row_weights) in enumerate(zip(targets, weights)):
+        scale[i, : len(row)] = torch.tensor(row_weights) if row_weights is not None else (torch.tensor(row) != IGNORE).float()
+    scale = scale.to(device)[selected]
+    losses = torch.nn.functional.cross_entropy(logits, padded.to(device)[selected], reduction="none")
+    return (losses * scale).sum() / scale.sum().clamp(min=1e-9)
 
 
 def answer_loss(model: torch.nn.Module, rows: list[TrainingRow], pad_token_id: int) -> torch.Tensor:
-    """Mean cross-entropy on answer tokens of packed PaDeLLM/AR rows."""
+    """Cross-entropy on answer tokens of packed PaDeLLM/AR rows (weighted by the rows' weights)."""
     ids, positions, mask = collate_trees([r.tree for r in rows], pad_token_id, dtype=next(_inner(model).parameters()).dtype)
-    return packed_loss(model, ids, positions, mask, [r.targets for r in rows])
+    return packed_loss(model, ids, positions, mask, [r.targets for r in rows], [r.weights for r in rows])
 
 
 def optimizer_step(loss: torch.Tensor, parameters: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
@@ -118,7 +137,7 @@ def optimizer_step(loss: torch.Tensor, parameters: list[torch.nn.Parameter], opt
 
 
 def _prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    model, tokenizer = load_causal_lm(config.base, dtype=DTYPES[config.dtype], device=config.device)
+    model, tokenizer = load_base(config.base, dtype=DTYPES[config.dtype], device=config.device)
     if config.full:
         model.requires_grad_(True)
     else:
@@ -171,7 +190,12 @@ def train(config: TrainConfig) -> dict:
     dev_examples = read_corpus(config.dev)[: config.eval_limit] if config.dev else []
     labels = config.labels or labels_of(train_examples)
     model, tokenizer = _prepare_model(config)
-    rows = [build_row(e, labels, tokenizer, config.formats, config.label_names) for e in tqdm(train_examples, desc="build rows", unit="text")]
+    unknown = set(config.loss_weights) - set(QUERY_KINDS)
+    if unknown:
+        raise ValueError(f"loss_weights names unknown query kinds {sorted(unknown)}; the kinds: {', '.join(QUERY_KINDS)}")
+    train_examples = oversample_hard_counts(train_examples, labels, config.hard_count_min, config.hard_count_repeat)
+    rows = [build_row(e, labels, tokenizer, config.formats, config.label_names, config.loss_weights or None)
+            for e in tqdm(train_examples, desc="build rows", unit="text")]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     lengths = [len(r.tree) for r in rows]
     steps_per_epoch = len(length_batches(lengths, config.batch_tokens, config.seed))

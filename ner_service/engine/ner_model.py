@@ -126,7 +126,7 @@ class NERModel:
         else:
             from peft import PeftModel
 
-            base, tokenizer = cls._load_base(config.base, dtype, device)
+            base, tokenizer = load_base(config.base, dtype, device)
             model = PeftModel.from_pretrained(base, folder).merge_and_unload().eval()
         if config.eos_token and tokenizer.eos_token != config.eos_token:
             # tokenizer versions disagree on a GGUF's end token: answers end with the one trained on
@@ -137,16 +137,6 @@ class NERModel:
         if config.lud_placeholder is not None:
             model.config.lud_placeholder_id = tokenizer.convert_tokens_to_ids(config.lud_placeholder)
         return cls(model=model, tokenizer=tokenizer, config=config, path=folder)
-
-    @staticmethod
-    def _load_base(base: str, dtype: torch.dtype, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-        """A base causal LM, or another NER model (merged) when an adapter is stacked on one."""
-        try:
-            stacked = resolve_ner_model(base)
-        except ModelNotFoundError:
-            return load_causal_lm(base, dtype=dtype, device=device)
-        inner = NERModel.load(stacked, dtype=dtype, device=device)
-        return inner.model, inner.tokenizer
 
     @property
     def eos_token_id(self) -> int:
@@ -166,3 +156,14 @@ class NERModel:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+
+def load_base(base: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """What an adapter is stacked on (and what training starts from): a causal LM, or another NER
+    model, its own adapter merged."""
+    try:
+        stacked = resolve_ner_model(base)
+    except ModelNotFoundError:
+        return load_causal_lm(base, dtype=dtype, device=device)
+    inner = NERModel.load(stacked, dtype=dtype, device=device)
+    return inner.model, inner.tokenizer
