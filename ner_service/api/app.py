@@ -63,7 +63,8 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
     batcher = MicroBatcher(
         run, metrics, admission, enabled=settings.ner_microbatch, wait_ms=settings.ner_batch_wait_ms,
         wait_fraction=settings.ner_batch_wait_fraction, wait_max_ms=settings.ner_batch_wait_max_ms,
-        max_texts=settings.ner_batch_max_texts, piece_tokens=settings.ner_piece_tokens, split_tokens=settings.ner_batch_split_tokens,
+        max_texts=settings.ner_batch_max_texts, piece_tokens=settings.ner_piece_tokens,
+        long_text_tokens=settings.ner_long_text_tokens, split_tokens=settings.ner_batch_split_tokens,
     )
     guard = Guard(ApiKeys(settings.ner_api_keys), RateLimiter(settings.ner_rate_limit_per_minute),
                   RateLimiter(settings.ner_auth_failures_per_minute))

@@ -2,7 +2,7 @@
 
 Every request is admitted first (:mod:`.admission`: its work and the work queued before it must
 fit the request timeout at the measured rate), then cut into pieces (:mod:`.work`: a text
-longer than ``piece_tokens`` is cut at sentence ends). Pieces wait in one queue per caller (API
+longer than ``long_text_tokens`` is cut at sentence ends into pieces of ``piece_tokens``). Pieces wait in one queue per caller (API
 key), and each batch starts with the next caller in turn, so that no key's burst holds back
 another's requests. A batch is either whole texts of any callers (up to ``max_texts`` with the
 same :class:`ExtractOptions`) or pieces of long texts (up to ``split_tokens``): a short request
@@ -77,7 +77,8 @@ class MicroBatcher:
     thread (batched across requests when ``enabled``)."""
 
     def __init__(self, run: Runner, metrics: Metrics, admission: Admission, *, enabled: bool, wait_ms: float, max_texts: int,
-                 wait_fraction: float = 0.0, wait_max_ms: float = 0.0, piece_tokens: int = 64, split_tokens: int = 64) -> None:
+                 wait_fraction: float = 0.0, wait_max_ms: float = 0.0, piece_tokens: int = 64, long_text_tokens: int = 160,
+                 split_tokens: int = 64) -> None:
         self._run = run
         self._metrics = metrics
         self.admission = admission
@@ -88,6 +89,7 @@ class MicroBatcher:
         self._last_run_s = 0.0
         self._max_texts = max_texts
         self._piece_tokens = piece_tokens
+        self._long_text_tokens = long_text_tokens
         self._split_tokens = split_tokens
         self._queues: dict[str, deque[_Queued]] = {}  # per caller, in arrival order; dict order is the callers' turn
         self._queued = 0
@@ -117,7 +119,7 @@ class MicroBatcher:
         """The extractions of ``texts``. Raises :class:`~.admission.TooMuchWork` or
         :class:`~.admission.Overloaded` before queueing anything; cancelling the call (a timeout, a
         client gone) takes its pieces out of the queue."""
-        pieces = pieces_of(texts, self._piece_tokens)
+        pieces = pieces_of(texts, self._piece_tokens, self._long_text_tokens)
         request = _Request(key, texts, pieces, asyncio.get_running_loop().create_future())
         self.admission.check(request.tokens, len(texts), self.pending_tokens, self.pending_texts)
         self._hold(request, +1)

@@ -41,12 +41,13 @@ class Piece:
     split: bool
 
 
-def pieces_of(texts: list[str], piece_tokens: int) -> list[Piece]:
-    """Each text whole if its work fits ``piece_tokens``, else cut at sentence ends (as the
-    engine cuts windows) into pieces that do."""
+def pieces_of(texts: list[str], piece_tokens: int, long_text_tokens: int) -> list[Piece]:
+    """Each text whole if its work fits ``long_text_tokens`` (it batches with other requests'
+    texts), else cut at sentence ends (as the engine cuts windows) into pieces that fit
+    ``piece_tokens``."""
     pieces = []
     for index, text in enumerate(texts):
-        if work_of(text) <= piece_tokens:
+        if work_of(text) <= max(piece_tokens, long_text_tokens):
             pieces.append(Piece(index, 0, text, work_of(text), False))
             continue
         for start, end in chunk_spans(text, estimated_tokens, max(1, piece_tokens - PER_TEXT_TOKENS)):
