@@ -9,6 +9,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from ner_service.api.schemas import unicode_problem
 from ner_service.settings import get_settings
 
 MAX_DOCUMENTS_PER_REQUEST = 10_000
@@ -26,11 +27,7 @@ def text_problem(text: str) -> str | None:
         return f"text has {len(text)} characters, more than NER_MAX_TEXT_CHARS={limit}"
     if "\x00" in text:
         return "text contains NUL characters"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        return f"text is not valid Unicode (unpaired surrogate at character {error.start})"
-    return None
+    return unicode_problem(text)
 
 
 class DocumentIn(BaseModel):

@@ -12,11 +12,19 @@ from ner_service.engine import DEFAULT_DECODER, DEFAULT_STRATEGY
 Name = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
-def _valid_unicode(text: str) -> str:
+def unicode_problem(text: str) -> str | None:
+    """Why ``text`` cannot be encoded (an unpaired surrogate, which JSON can carry), or None."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise ValueError(f"text is not valid Unicode (unpaired surrogate at character {error.start})") from None
+        return f"text is not valid Unicode (unpaired surrogate at character {error.start})"
+    return None
+
+
+def _valid_unicode(text: str) -> str:
+    problem = unicode_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
     return text
 
 

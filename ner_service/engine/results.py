@@ -34,6 +34,23 @@ class ExtractionStats:
     def to_dict(self) -> dict[str, object]:
         return {**self.__dict__, "phase_ms": dict(self.phase_ms)}
 
+    @classmethod
+    def combined(cls, parts: "list[ExtractionStats]") -> "ExtractionStats":
+        """The cost of one text processed in several calls: counts, times and phases add up; the
+        batch size and the cache peak are the largest of them."""
+        stats = cls(
+            forward_passes=sum(p.forward_passes for p in parts),
+            generated_tokens=sum(p.generated_tokens for p in parts),
+            unmatched_mentions=sum(p.unmatched_mentions for p in parts),
+            latency_ms=sum(p.latency_ms for p in parts),
+            batch_texts=max(p.batch_texts for p in parts),
+            kv_cache_bytes=max(p.kv_cache_bytes for p in parts),
+        )
+        for part in parts:
+            for phase, ms in part.phase_ms.items():
+                stats.phase_ms[phase] = stats.phase_ms.get(phase, 0.0) + ms
+        return stats
+
 
 @dataclass
 class Extraction:

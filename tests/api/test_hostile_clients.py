@@ -5,6 +5,7 @@ migrated on start (or the start refused)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
@@ -78,19 +79,13 @@ def test_bad_documents_are_refused_at_the_door_and_echoes_stay_small(server: str
     with httpx.Client(base_url=server, timeout=60) as http:
         for text, reason in (("", "empty text"), ("   ", "empty text"), ("x" * 20_001, "NER_MAX_TEXT_CHARS"),
                              ("a\ud800", "unpaired surrogate")):
-            body = ('{"documents": [{"text": %s}]}' % _json_string(text)).encode()
+            body = json.dumps({"documents": [{"text": text}]}).encode()  # ASCII escapes: a lone surrogate travels as \ud800
             response = http.post("/v1/jobs", headers={**ALPHA, "Content-Type": "application/json"}, content=body)
             assert response.status_code == 422 and reason in response.text, (reason, response.text[:300])
         huge = http.post("/v1/entities", headers=ALPHA, json={"text": TEXT, "labels": ["PER"] * 500_000})
         assert huge.status_code == 422 and len(huge.content) < 2_000
         unknown = http.post("/v1/jobs", headers=ALPHA, json={"documents": [{"text": TEXT}], "priority": "high"})
         assert unknown.status_code == 422 and "priority" in unknown.text
-
-
-def _json_string(text: str) -> str:
-    import json
-
-    return json.dumps(text)  # ASCII escapes: a lone surrogate travels as \ud800
 
 
 def test_a_maximal_text_does_not_hold_back_another_keys_short_request(server: str) -> None:

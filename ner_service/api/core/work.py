@@ -47,12 +47,11 @@ def pieces_of(texts: list[str], piece_tokens: int, long_text_tokens: int) -> lis
     ``piece_tokens``."""
     pieces = []
     for index, text in enumerate(texts):
-        if work_of(text) <= max(piece_tokens, long_text_tokens):
-            pieces.append(Piece(index, 0, text, work_of(text), False))
-            continue
-        for start, end in chunk_spans(text, estimated_tokens, max(1, piece_tokens - PER_TEXT_TOKENS)):
-            pieces.append(Piece(index, start, text[start:end], work_of(text[start:end]), True))
-        if not any(p.text_index == index for p in pieces):  # all white space
+        spans = chunk_spans(text, estimated_tokens, max(1, piece_tokens - PER_TEXT_TOKENS)) \
+            if work_of(text) > max(piece_tokens, long_text_tokens) else []
+        if spans:
+            pieces.extend(Piece(index, start, text[start:end], work_of(text[start:end]), True) for start, end in spans)
+        else:  # short, or all white space
             pieces.append(Piece(index, 0, text, work_of(text), False))
     return pieces
 
@@ -62,15 +61,5 @@ def merged(text: str, parts: list[tuple[Piece, Extraction]]) -> Extraction:
     if len(parts) == 1 and not parts[0][0].split:
         return parts[0][1]
     entities = [replace(e, start=e.start + piece.offset, end=e.end + piece.offset) for piece, part in parts for e in part.entities]
-    stats = ExtractionStats(
-        forward_passes=sum(p.stats.forward_passes for _, p in parts),
-        generated_tokens=sum(p.stats.generated_tokens for _, p in parts),
-        unmatched_mentions=sum(p.stats.unmatched_mentions for _, p in parts),
-        latency_ms=sum(p.stats.latency_ms for _, p in parts),
-        batch_texts=max(p.stats.batch_texts for _, p in parts),
-        kv_cache_bytes=max(p.stats.kv_cache_bytes for _, p in parts),
-    )
-    for _, part in parts:
-        for phase, ms in part.stats.phase_ms.items():
-            stats.phase_ms[phase] = stats.phase_ms.get(phase, 0.0) + ms
+    stats = ExtractionStats.combined([part.stats for _, part in parts])
     return Extraction(text, sorted(entities, key=lambda e: (e.start, e.end)), stats)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from ner_service.api.core.admission import Overloaded, TooMuchWork
 from ner_service.api.schemas import EntitiesRequest, EntitiesResponse, EntityOut, ErrorResponse, StatsOut, TextResult
 from ner_service.api.state import ApiState, api_state, authorize
-from ner_service.engine import InvalidOptionsError, ModelLoadError, ModelNotFoundError
+from ner_service.engine import ExtractOptions, Extraction, InvalidOptionsError, ModelLoadError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["entities"])
@@ -48,7 +48,7 @@ async def _client_gone(request: Request) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
-async def _extract(request: Request, state: ApiState, options, texts: list[str], caller: str):
+async def _extract(request: Request, state: ApiState, options: ExtractOptions, texts: list[str], caller: str) -> list[Extraction]:
     """The batcher's answer, or an HTTP error; the work is cancelled when the request times out
     or its client goes away."""
     timeout = state.settings.ner_request_timeout_s
