@@ -7,8 +7,9 @@ A malformed file raises :class:`DataFormatError` naming the file, the line and t
 from __future__ import annotations
 
 import json
+import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,8 @@ TAG = re.compile(r"^(?P<prefix>[BIMES])-(?P<type>\S+)$")
 WEIBO_TOKEN = re.compile(r"(\ufffd\ufffd|.)(\d+)")
 SCHEME_PREFIXES = {"iob1": "BI", "bio": "BI", "bmes": "BMES", "auto": "BIMES"}
 DOCSTART = "-DOCSTART-"
+
+log = logging.getLogger(__name__)
 
 
 class DataFormatError(ValueError):
@@ -134,7 +137,10 @@ def read_conll(path: str | Path, scheme: str = "auto", joiner: str | None = None
             raise DataFormatError(path, number, f"expected {columns} columns like the first token line, found {len(fields)}")
         tag = fields[-1]
         match = TAG.match(tag)
-        if tag != "O" and (match is None or match["prefix"] not in allowed):
+        if tag != "O" and match is None:
+            raise DataFormatError(path, number, f"impossible tag {tag!r}: a tag is O or B-, I-, M-, E- or S- and the type, "
+                                                f"like B-PER (IOB1, BIO or BMES; the tag is the last column)")
+        if tag != "O" and match["prefix"] not in allowed:
             raise DataFormatError(path, number, f"impossible tag {tag!r} for scheme {scheme}")
         current.append((fields[0], tag))
     if current:
@@ -170,13 +176,66 @@ def read_jsonl(path: str | Path) -> list[Example]:
                 start, end, label = entity["start"], entity["end"], entity["label"]
             except (KeyError, TypeError):
                 raise DataFormatError(path, number, 'each entity needs "start", "end" and "label"') from None
-            if not (isinstance(start, int) and isinstance(end, int) and isinstance(label, str) and label):
+            if not (_is_offset(start) and _is_offset(end) and isinstance(label, str) and label):
                 raise DataFormatError(path, number, "entity start/end must be integers and label a non-empty string")
             if not 0 <= start < end <= len(text):
                 raise DataFormatError(path, number, f"entity [{start}, {end}) is outside the text of length {len(text)}")
+            problem = _label_problem(label) or _mention_problem(text, start, end)
+            if problem:
+                raise DataFormatError(path, number, f"entity {_show(text, Span(start, end, label))}: {problem}")
             spans.append(Span(start, end, label))
-        examples.append(Example(text, sorted(spans, key=lambda s: (s.start, s.end))))
+        spans.sort(key=lambda s: (s.start, s.end, s.label))
+        clash = _overlap(spans)
+        if clash:
+            first, second = clash
+            if first == second:
+                raise DataFormatError(path, number, f"entity {_show(text, second)} is given twice")
+            raise DataFormatError(path, number, f"entity {_show(text, second)} overlaps entity {_show(text, first)}; "
+                                                f"nested or crossing entities cannot be trained: keep one of them")
+        examples.append(Example(text, spans))
     return examples
+
+
+def _is_offset(value: object) -> bool:
+    """An integer offset (``true``/``false`` are not: Python reads them as 1 and 0)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _show(text: str, span: Span) -> str:
+    return f"[{span.start}, {span.end}) {span.label} {text[span.start:span.end]!r}"
+
+
+def _label_problem(label: str) -> str | None:
+    """Why ``label`` cannot be a label (None if it can): it must be selectable with ``--labels A,B``."""
+    if label != label.strip():
+        return f"label {label!r} starts or ends with whitespace"
+    if "," in label:
+        return f"label {label!r} holds a comma (labels are given comma-separated)"
+    return None
+
+
+def _mention_problem(text: str, start: int, end: int) -> str | None:
+    """Why ``text[start:end]`` cannot be a mention (None if it can): offsets off by a character
+    (or counted in bytes or UTF-16 units) usually show as whitespace at an edge."""
+    mention = text[start:end]
+    if not mention.strip():
+        return "the mention is only whitespace"
+    if mention != mention.strip():
+        lead = len(mention) - len(mention.lstrip())
+        trail = len(mention) - len(mention.rstrip())
+        return f"the mention starts or ends with whitespace (offsets are characters, end exclusive: [{start + lead}, {end - trail})?)"
+    return None
+
+
+def _overlap(spans: list[Span]) -> tuple[Span, Span] | None:
+    """The first two of ``spans`` (sorted by offset) that share a character, if any."""
+    reach: Span | None = None  # the span seen so far that ends last
+    for span in spans:
+        if reach is not None and span.start < reach.end:
+            return reach, span
+        if reach is None or span.end > reach.end:
+            reach = span
+    return None
 
 
 def read_corpus(path: str | Path) -> list[Example]:
@@ -190,3 +249,46 @@ def read_corpus(path: str | Path) -> list[Example]:
 def labels_of(examples: list[Example]) -> list[str]:
     """Sorted label set of ``examples``."""
     return sorted({span.label for example in examples for span in example.spans})
+
+
+def check_labels(
+    labels: Sequence[str] | None,
+    examples: list[Example],
+    path: str | Path,
+    dev_examples: Sequence[Example] = (),
+    dev_path: str | Path | None = None,
+) -> list[str]:
+    """The labels to train on the training data ``examples`` read from ``path``: ``labels`` (a
+    ``--labels`` list) if given, else every label of the data. Raises :class:`DataFormatError`
+    when a span would be dropped silently: the data holds a label that ``labels`` leaves out, or
+    the data holds no entity (of ``labels``) at all, or ``labels`` repeats one. Logs one warning
+    for the listed labels that never occur in the data (the model learns to answer 0 for them)
+    and one for labels of the dev data that the model is not trained on (scored as misses)."""
+    found = labels_of(examples)
+    if labels is None:
+        if not found:
+            raise DataFormatError(path, None, "holds no entities: there is nothing to learn")
+        chosen = found
+    else:
+        chosen = list(labels)
+        given = ",".join(chosen)
+        repeated = sorted({label for label in chosen if chosen.count(label) > 1})
+        if repeated:
+            raise DataFormatError(path, None, f"--labels {given} names {', '.join(repeated)} more than once")
+        left_out = [label for label in found if label not in chosen]
+        if left_out:
+            counts = {label: sum(s.label == label for e in examples for s in e.spans) for label in left_out}
+            raise DataFormatError(path, None, f"holds entities of label(s) {', '.join(f'{k} ({v})' for k, v in counts.items())} "
+                                              f"that --labels {given} leaves out; they would be dropped from training: "
+                                              f"add them to --labels or remove them from the data (its labels: {','.join(found)})")
+        if not found:
+            raise DataFormatError(path, None, f"holds no entities at all: there is nothing to learn for --labels {given}")
+        absent = [label for label in chosen if label not in found]
+        if absent:
+            log.warning("%s: --labels %s names %s, which never occur in the training data; the model learns to answer "
+                        "0 mentions for them", path, given, ", ".join(absent))
+    untrained = [label for label in labels_of(list(dev_examples)) if label not in chosen]
+    if untrained:
+        log.warning("%s: the dev data holds label(s) %s that the model is not trained on (trained: %s); their entities "
+                    "count as misses", dev_path, ", ".join(untrained), ",".join(chosen))
+    return chosen

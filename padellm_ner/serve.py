@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import uvicorn
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve :func:`padellm_ner.asgi.create_app` (settings from the environment)."""
+    """Serve :func:`padellm_ner.asgi.create_app` (settings from the environment; ``--model`` sets
+    ``NER_MODEL``, checked before the server starts)."""
+    if args.model:
+        from ner_service.engine.ner_model import resolve_ner_model
+
+        resolve_ner_model(args.model)  # an unknown model is one clear error line, not a server that never gets ready
+        os.environ["NER_MODEL"] = args.model
     uvicorn.run(
         "padellm_ner.asgi:create_app", factory=True, host=args.host, port=args.port, workers=args.workers,
         proxy_headers=True, forwarded_allow_ips=args.forwarded_allow_ips, access_log=False,
@@ -21,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="serve the REST API, the metrics and the highlighting page")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--model", default=None, help="the default model: a shipped name or a folder with ner_model.json, "
+                                                     "e.g. one written by padellm-ner train (default: NER_MODEL, else en-conll03)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (each loads the model and batches on its own)")
     serve.add_argument("--forwarded-allow-ips", default="127.0.0.1", help="proxies whose X-Forwarded-For is trusted (client IPs for the dev-mode rate limit)")
     serve.set_defaults(func=cmd_serve)

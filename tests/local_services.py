@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -64,11 +64,14 @@ class PrivateRedis:
 
 
 @contextmanager
-def live_server(env: dict[str, str], log: Path, ready_timeout_s: float = 300.0) -> Iterator[str]:
+def live_server(env: dict[str, str], log: Path, ready_timeout_s: float = 300.0, serve_args: Sequence[str] | None = None) -> Iterator[str]:
     """Run ``padellm_ner.asgi:create_app`` with ``env`` added to the environment until ``/readyz``
-    answers 200; yield its base URL; stop it. Its output goes to ``log`` (quoted when it fails to start)."""
+    answers 200; yield its base URL; stop it. Its output goes to ``log`` (quoted when it fails to start).
+    With ``serve_args``, the app runs as a user runs it: ``padellm-ner serve`` with these arguments."""
     port = free_port()
     command = [sys.executable, "-m", "uvicorn", "padellm_ner.asgi:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)]
+    if serve_args is not None:
+        command = [sys.executable, "-m", "padellm_ner.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *serve_args]
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as sink:
         process = subprocess.Popen(command, cwd=REPO, env=os.environ | env, stdout=sink, stderr=subprocess.STDOUT)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
 
-from corpora import DataFormatError, labels_of, read_conll, read_corpus, read_jsonl
+from corpora import DataFormatError, Example, Span, check_labels, labels_of, read_conll, read_corpus, read_jsonl
 
 
 @pytest.mark.parametrize(
@@ -97,3 +99,93 @@ def test_jsonl_reader_and_its_errors(tmp_path: Path) -> None:
         with pytest.raises(DataFormatError, match=reason) as error:
             read_corpus(bad)
         assert error.value.line is not None
+
+
+def _entity(start: object, end: object, label: str = "DRUG") -> dict:
+    return {"start": start, "end": end, "label": label}
+
+
+@pytest.mark.parametrize(
+    ("entities", "reason"),
+    [
+        ([_entity(0, 7), _entity(5, 12, "DOSE")], "entity [5, 12) DOSE 'in 40mg' overlaps entity [0, 7) DRUG 'aspirin'"),
+        ([_entity(0, 12), _entity(8, 12, "DOSE")], "entity [8, 12) DOSE '40mg' overlaps entity [0, 12) DRUG 'aspirin 40mg'"),
+        ([_entity(0, 7), _entity(0, 7, "DOSE")], "entity [0, 7) DRUG 'aspirin' overlaps entity [0, 7) DOSE 'aspirin'"),
+        ([_entity(0, 7), _entity(0, 7)], "entity [0, 7) DRUG 'aspirin' is given twice"),
+        ([_entity(7, 8)], "only whitespace"),
+        ([_entity(0, 8)], "entity [0, 8) DRUG 'aspirin ': the mention starts or ends with whitespace (offsets are characters, "
+                          "end exclusive: [0, 7)?)"),
+        ([_entity(7, 12, "DOSE")], "starts or ends with whitespace (offsets are characters, end exclusive: [8, 12)?)"),
+        ([_entity(True, 7)], "must be integers"),
+        ([_entity(0, 7, " DRUG")], "starts or ends with whitespace"),
+        ([_entity(0, 7, "DRUG,DOSE")], "holds a comma"),
+    ],
+)
+def test_jsonl_entities_that_would_be_misread_name_the_line_and_spans(tmp_path: Path, entities: list, reason: str) -> None:
+    path = tmp_path / "spans.jsonl"
+    good = json.dumps({"text": "ibuprofen", "entities": [_entity(0, 9)]})
+    path.write_text(good + "\n" + json.dumps({"text": "aspirin 40mg", "entities": entities}) + "\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match=re.escape(reason)) as error:
+        read_corpus(path)
+    assert error.value.line == 2 and str(error.value).startswith(f"{path}:2: ")
+
+
+def test_adjacent_jsonl_entities_are_fine(tmp_path: Path) -> None:
+    path = tmp_path / "adjacent.jsonl"
+    path.write_text(json.dumps({"text": "aspirin40mg", "entities": [_entity(7, 11, "DOSE"), _entity(0, 7)]}) + "\n", encoding="utf-8")
+    (example,) = read_corpus(path)
+    assert [(example.text[s.start:s.end], s.label) for s in example.spans] == [("aspirin", "DRUG"), ("40mg", "DOSE")]
+
+
+@pytest.mark.parametrize("tag", ["X-PER", "B_PER", "PER", "B-", "b-PER"])
+def test_a_tag_of_no_known_scheme_names_file_line_and_the_tag(tmp_path: Path, tag: str) -> None:
+    path = tmp_path / "tags.txt"
+    path.write_text(f"Peter B-PER\nmet O\n\nAnna {tag}\n", encoding="utf-8")
+    with pytest.raises(DataFormatError) as error:
+        read_corpus(path)
+    assert str(error.value).startswith(f"{path}:4: impossible tag {tag!r}: a tag is O or B-, I-, M-, E- or S- and the type")
+
+
+def _examples(*labels: str) -> list:
+    return [Example(f"text {i}", [Span(0, 4, label)]) for i, label in enumerate(labels)]
+
+
+def test_check_labels_defaults_to_every_label_of_the_data() -> None:
+    assert check_labels(None, _examples("PER", "LOC", "PER"), "train.jsonl") == ["LOC", "PER"]
+    assert check_labels(["PER", "LOC"], _examples("PER", "LOC"), "train.jsonl") == ["PER", "LOC"]
+
+
+def test_a_data_label_left_out_of_labels_is_an_error() -> None:
+    with pytest.raises(DataFormatError) as error:
+        check_labels(["PER", "LOC"], _examples("PER", "LOC", "ORG", "ORG"), "train.jsonl")
+    message = str(error.value)
+    assert message.startswith("train.jsonl: holds entities of label(s) ORG (2) that --labels PER,LOC leaves out")
+    assert "dropped" in message and "(its labels: LOC,ORG,PER)" in message
+
+
+def test_a_listed_label_absent_from_the_data_is_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="corpora"):
+        assert check_labels(["PER", "LOC", "DATE", "TIME"], _examples("PER", "LOC"), "train.jsonl") == ["PER", "LOC", "DATE", "TIME"]
+    [record] = caplog.records
+    assert record.getMessage().startswith("train.jsonl: --labels PER,LOC,DATE,TIME names DATE, TIME, which never occur in the training data")
+
+
+@pytest.mark.parametrize(
+    ("labels", "examples", "reason"),
+    [
+        (None, [Example("no entities here")], "holds no entities: there is nothing to learn"),
+        (["DATE"], _examples("PER"), "holds entities of label(s) PER (1) that --labels DATE leaves out"),
+        (["PER"], [Example("no entities here")], "holds no entities at all: there is nothing to learn for --labels PER"),
+        (["PER", "LOC", "PER"], _examples("PER", "LOC"), "--labels PER,LOC,PER names PER more than once"),
+    ],
+)
+def test_labels_that_train_nothing_are_errors(labels: list[str] | None, examples: list, reason: str) -> None:
+    with pytest.raises(DataFormatError, match=re.escape(reason)):
+        check_labels(labels, examples, "train.jsonl")
+
+
+def test_dev_labels_the_model_does_not_learn_are_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="corpora"):
+        check_labels(None, _examples("PER"), "train.jsonl", _examples("PER", "ORG", "ORG"), "dev.jsonl")
+    [record] = caplog.records
+    assert record.getMessage().startswith("dev.jsonl: the dev data holds label(s) ORG that the model is not trained on")

@@ -10,6 +10,7 @@ import pytest
 
 from padellm_ner.cli import main
 from training.recipes import RecipeError, RecipeRun, load_recipe, recipe_names, stage_configs
+from training.trainer import resolved_dtype
 
 CORPORA = ("conll2003", "resume", "weibo")
 
@@ -41,8 +42,17 @@ def test_en_conll03_recipe_holds_the_model_cards_settings(small_data: Path, tmp_
     (config,) = stage_configs(load_recipe("en-conll03"), RecipeRun(small_data, tmp_path / "out"))
     shipped = json.loads((Path(__file__).parent.parent / "ner_service/shipped_models/en-conll03/training.json").read_text())["config"]
     for key in ("base", "name", "formats", "full", "lora_r", "lora_alpha", "lr", "warmup_steps", "epochs", "batch_tokens", "seed",
-                "device", "dtype"):
+                "device"):
         assert getattr(config, key) == shipped[key], key
+    assert resolved_dtype(config.dtype, config.device) == shipped["dtype"] == "bfloat16"
+
+
+def test_recipes_train_in_float32_on_the_cpu(small_data: Path, tmp_path: Path) -> None:
+    """A recipe written for a GPU still trains at the CPU's speed when run there."""
+    for name in recipe_names():
+        for config in stage_configs(load_recipe(name), RecipeRun(small_data, tmp_path / name, device="cpu")):
+            if hasattr(config, "dtype"):
+                assert resolved_dtype(config.dtype, "cpu") == "float32", name
 
 
 def test_stages_continue_from_the_previous_stage(small_data: Path, tmp_path: Path) -> None:

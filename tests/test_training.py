@@ -11,7 +11,8 @@ import torch
 from ner_service.engine import prompts
 from corpora import Example, Span
 from training.examples import IGNORE, build_row, query_answer_pairs
-from training.trainer import TrainConfig, answer_loss, train
+from training.loss import answer_loss
+from training.trainer import TrainConfig, train
 
 EXAMPLE = Example("Peter met Anna in Paris", [Span(0, 5, "PER"), Span(10, 14, "PER"), Span(18, 23, "LOC")])
 
@@ -69,7 +70,7 @@ def test_training_lowers_the_loss_checkpoints_and_resumes(tmp_path: Path, tiny_e
     data = _jsonl(tmp_path / "train.jsonl", 8)
     base = str(tiny_engine.ner_model.path)
     config = TrainConfig(base=base, train=str(data), dev=str(data), output=str(tmp_path / "out"), full=True, lr=3e-3,
-                         warmup_steps=1, max_steps=6, batch_tokens=512, save_every=3, eval_limit=2, eval_batch_size=2)
+                         warmup_steps=1, max_steps=6, batch_tokens=512, eval_limit=2, eval_batch_size=2)
     first = train(config)
     assert first["steps"] == 6 and (tmp_path / "out" / "ner_model.json").is_file()
     checkpoint = torch.load(tmp_path / "out" / "checkpoint" / "checkpoint.pt", weights_only=False)

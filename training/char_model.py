@@ -133,7 +133,7 @@ def train_char_model(config: CharConfig) -> dict:
         base=str(start), train=config.train, dev=config.dev, output=config.output, name=config.name, labels=labels,
         label_names=label_names, language=config.language, full=True, lr=config.lr, warmup_steps=30, epochs=config.epochs,
         max_steps=config.max_steps, max_minutes=config.max_minutes, batch_tokens=config.batch_tokens, limit=config.limit,
-        eval_limit=config.eval_limit, save_every=10_000, seed=config.seed, device=config.device, dtype="float32",
+        eval_limit=config.eval_limit, seed=config.seed, device=config.device, dtype="float32",
     ))
     shutil.rmtree(start)
     shutil.rmtree(output / "checkpoint", ignore_errors=True)

@@ -43,7 +43,7 @@ from ner_service.engine.model_loading import load_causal_lm
 from ner_service.engine.ner_model import SELF_CONTAINED, NERModel
 from corpora import Example, labels_of, read_corpus
 from training.tiny_model import build_tokenizer
-from training.trainer import optimizer_step
+from training.loss import optimizer_step
 
 MASK = "<mask>"
 EPS = 1e-3

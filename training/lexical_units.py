@@ -30,7 +30,8 @@ from general_decoding.tree_attention import collate_parent_trees, parents_of
 from ner_service.engine.ner_model import NERModel
 from corpora import labels_of, read_corpus
 from training.examples import FORMATS, IGNORE, TrainingRow, build_row
-from training.trainer import length_batches, optimizer_step, packed_loss
+from training.batching import length_batches
+from training.loss import optimizer_step, packed_loss
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 DEFAULT_DATA = os.environ.get("PADELLM_DATA", "../shared/data")
 #: The flags that configure a run without a recipe (a recipe file holds these settings).
 EXPLICIT_FLAGS = ("train", "dev", "name", "language", "labels", "formats", "full", "lora_r", "lora_alpha", "lr", "epochs",
-                  "max_minutes", "batch_tokens", "eval_limit", "eval_batch_size", "seed", "dtype", "resume", "base")
+                  "max_minutes", "batch_tokens", "eval_limit", "eval_batch_size", "seed", "dtype", "base", "top_layers")
 
 
 def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -29,7 +29,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         labels=labels, formats=args.formats.split(","), full=args.full, lora_r=args.lora_r, lora_alpha=args.lora_alpha, lr=args.lr,
         epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, limit=args.limit,
         eval_limit=args.eval_limit, eval_batch_size=args.eval_batch_size, seed=args.seed, device=args.device or "cpu", dtype=args.dtype,
-        resume=args.resume,
+        top_layers=args.top_layers, checkpoint_minutes=args.checkpoint_minutes, resume=args.resume,
     )
     summary = train(config)
     print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second", "history")}, indent=2))
@@ -44,7 +44,7 @@ def _train_recipe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(f"{', '.join(given)} cannot be combined with --recipe: the recipe file holds every setting")
     recipe = load_recipe(args.recipe)
     run = RecipeRun(data=Path(args.data), output=Path(args.output or f"runs/{recipe.name}"), device=args.device,
-                    limit=args.limit, max_steps=args.max_steps)
+                    limit=args.limit, max_steps=args.max_steps, resume=args.resume)
 
     def announce(index: int, config: object) -> None:
         print(f"recipe {recipe.name}: stage {index}/{len(recipe.stages)} -> {config.output}", flush=True)
@@ -75,8 +75,35 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``train``, ``train-tiny`` and ``recipes`` to the ``padellm-ner`` command line."""
+    import textwrap
+
+    # the data formats of --train/--dev, shown at the end of `padellm-ner train --help`
+    epilog = textwrap.dedent("""\
+    data formats (--train, --dev):
+      JSONL (a .jsonl or .json file): one object per line, "entities" optional; start and
+      end are character offsets into "text", end exclusive (text[start:end] is the mention);
+      entities may not overlap or nest, nor start or end with whitespace:
+        {"text": "40 mg aspirin", "entities": [{"start": 0, "end": 5, "label": "DOSE"}, {"start": 6, "end": 13, "label": "DRUG"}]}
+
+      CoNLL column file (any other name): one token per line, the tag in the last column
+      (other columns are ignored), a blank line between sentences, -DOCSTART- lines skipped;
+      IOB1, BIO and BMES tags are detected (O, or B-, I-, M-, E-, S- and the label); tokens
+      are joined by a space (by nothing for Chinese characters):
+        Merkel NNP B-NP B-PER
+
+      A file that cannot be read, or labels that do not match --labels, stop the run before
+      it trains, naming the file (and line) and what is wrong.
+
+    examples:
+      padellm-ner train --train my.jsonl --dev my-dev.jsonl --output runs/mine
+      padellm-ner train --train my.jsonl --labels DOSE,DRUG --output runs/mine --base HF_FOLDER --full
+      padellm-ner train --recipe en-conll03 --device cuda
+    """)
     trainer = sub.add_parser("train", help="train a model from a recipe (--recipe NAME), or fine-tune a causal LM for PaDeLLM-NER "
-                                           "and the AR baseline with the settings given as flags")
+                                           "and the AR baseline with the settings given as flags",
+                             description="Train a model from a recipe (--recipe NAME), or fine-tune a causal LM for\n"
+                                         "PaDeLLM-NER and the AR baseline on your own data (--train FILE --output FOLDER).",
+                             formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)
     trainer.add_argument("--recipe", default=None, help="a recipe name (padellm-ner recipes) or a .toml file")
     trainer.add_argument("--data", default=DEFAULT_DATA, help="the folder holding the corpora a recipe names (default: %(default)s)")
     trainer.add_argument("--output", default=None, help="the model folder to write (with --recipe: runs/NAME)")
@@ -84,12 +111,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     trainer.add_argument("--limit", type=int, default=None, help="use the first N training texts")
     trainer.add_argument("--max-steps", type=int, default=None)
     trainer.add_argument("--base", default="smollm2-135m-instruct", help="base model: the alias, a .gguf or a HF folder")
-    trainer.add_argument("--train", default=None)
-    trainer.add_argument("--dev", default=None)
+    trainer.add_argument("--train", default=None, metavar="FILE",
+                         help="the training data: JSONL (.jsonl/.json) or a CoNLL column file (any other name); see 'data formats' below")
+    trainer.add_argument("--dev", default=None, metavar="FILE",
+                         help="dev data in the same formats, scored after each epoch (the first --eval-limit texts)")
     trainer.add_argument("--name", default="padellm-ner")
     trainer.add_argument("--language", default="en")
-    trainer.add_argument("--labels", default=None)
-    trainer.add_argument("--formats", default="padellm,ar")
+    trainer.add_argument("--labels", default=None, metavar="A,B,...",
+                         help="comma-separated labels to train (default: every label in the training data); a label of the "
+                              "data missing here is an error, a label here missing from the data a warning")
+    trainer.add_argument("--formats", default="padellm,ar", metavar="F,...",
+                         help="comma-separated training formats: padellm (a count and one query per mention, per label) "
+                              "and/or ar (all mentions in one answer, the baseline) (default: %(default)s)")
     trainer.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
     trainer.add_argument("--lora-r", type=int, default=16)
     trainer.add_argument("--lora-alpha", type=int, default=32)
@@ -100,8 +133,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     trainer.add_argument("--eval-limit", type=int, default=200, help="dev texts scored after each epoch")
     trainer.add_argument("--eval-batch-size", type=int, default=16)
     trainer.add_argument("--seed", type=int, default=0)
-    trainer.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    trainer.add_argument("--resume", action="store_true")
+    trainer.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                         help="auto: float32 on the CPU (bfloat16 runs ~25x slower there), bfloat16 on a GPU")
+    trainer.add_argument("--top-layers", type=int, default=None,
+                         help="train only the top N layers; the frozen layers below run once per text (default: all layers)")
+    trainer.add_argument("--checkpoint-minutes", type=float, default=10.0, help="minutes between checkpoints (default: %(default)s)")
+    trainer.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint, exactly")
     trainer.set_defaults(func=lambda args: cmd_train(args, trainer))
 
     tiny = sub.add_parser("train-tiny", help="train the tiny from-scratch Llama used by fast tests")

@@ -1,7 +1,9 @@
 """Fine-tune a causal LM for PaDeLLM-NER (LoRA through ``peft``, or full fine-tuning).
 
-Each text is one packed row (its prefix once, every query as a branch), batched by a
-token budget. Progress bar, dev evaluation per epoch, checkpoints with resume, seed.
+Each text is one packed row (its prefix once, every query as a branch), batched by a token
+budget. With ``top_layers``, only the top layers train and the frozen ones below run once per
+row (:mod:`training.top_layers`). Progress bar with ETA, dev evaluation per epoch, a checkpoint
+every few minutes, and ``resume`` that continues a killed run exactly.
 """
 
 from __future__ import annotations
@@ -18,15 +20,28 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from general_decoding.tree_attention import collate_trees
+from training.batching import length_batches
+from training.checkpoints import CheckpointClock, load_checkpoint, save_checkpoint
+from training.loss import answer_loss, inner_model, optimizer_step
+from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indices
 from ner_service.engine import NEREngine, NERModel, NERModelConfig
 from ner_service.engine.ner_model import SELF_CONTAINED, load_base
-from corpora import Example, labels_of, read_corpus
+from corpora import Example, check_labels, read_corpus
 from training.evaluate import evaluate_engine
-from training.examples import FORMATS, IGNORE, QUERY_KINDS, TrainingRow, build_row
+from training.examples import FORMATS, QUERY_KINDS, build_row
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolved_dtype(dtype: str, device: str) -> str:
+    """``dtype``, or for ``"auto"`` the one that is fast on ``device``: float32 on a CPU (most
+    have no bfloat16 arithmetic: a step runs about 25x slower), bfloat16 on a GPU."""
+    if dtype == "auto":
+        return "float32" if device == "cpu" else "bfloat16"
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {', '.join(DTYPES)}")
+    return dtype
 
 
 @dataclass
@@ -55,10 +70,14 @@ class TrainConfig:
     limit: int | None = None
     eval_limit: int | None = 200
     eval_batch_size: int = 16
-    save_every: int = 100
+    #: Train only the top N decoder layers (None: all); the frozen layers below run once per row.
+    top_layers: int | None = None
+    #: Minutes of wall time between checkpoints (one is also written at the end of each epoch).
+    checkpoint_minutes: float = 10.0
     seed: int = 0
     device: str = "cpu"
-    dtype: str = "float32"
+    #: "auto": float32 on the CPU, bfloat16 on a GPU.
+    dtype: str = "auto"
     resume: bool = False
     #: Weight of each query kind's answer tokens in the loss (count, mention, ar; missing: 1).
     loss_weights: dict[str, float] = field(default_factory=dict)
@@ -75,89 +94,25 @@ def oversample_hard_counts(examples: list[Example], labels: list[str], minimum: 
     return [e for e in examples for _ in range(repeat if any(len(e.mentions(label)) >= minimum for label in labels) else 1)]
 
 
-def length_batches(lengths: list[int], batch_tokens: int, seed: int) -> list[list[int]]:
-    """Indices of rows (of the given lengths) grouped by similar length under a padded-token
-    budget, in seeded order."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for index in order:
-        if current and lengths[index] * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
-    random.Random(seed).shuffle(batches)
-    return batches
-
-
-def _inner(model: torch.nn.Module) -> PreTrainedModel:
-    """The plain transformers model (LoRA layers, if any, are injected into it)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[return-value]
-
-
-def packed_loss(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                targets: list[list[int]], weights: list[list[float] | None] | None = None) -> torch.Tensor:
-    """Mean cross-entropy of collated packed rows at their targets (``IGNORE`` elsewhere),
-    weighted per target when ``weights`` are given; the LM head runs on the target positions only."""
-    lm = _inner(model)
-    padded = torch.full(ids.shape, IGNORE, dtype=torch.long)
-    for i, row in enumerate(targets):
-        padded[i, : len(row)] = torch.tensor(row)
-    device = lm.device
-    hidden = lm.get_decoder()(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device)).last_hidden_state
-    selected = padded.to(device) != IGNORE
-    logits = lm.get_output_embeddings()(hidden[selected]).float()
-    if weights is None or all(w is None for w in weights):
-        return torch.nn.functional.cross_entropy(logits, padded.to(device)[selected])
-    scale = torch.zeros(ids.shape)
-    for i, (row, row_weights) in enumerate(zip(targets, weights)):
-        scale[i, : len(row)] = torch.tensor(row_weights) if row_weights is not None else (torch.tensor(row) != IGNORE).float()
-    scale = scale.to(device)[selected]
-    losses = torch.nn.functional.cross_entropy(logits, padded.to(device)[selected], reduction="none")
-    return (losses * scale).sum() / scale.sum().clamp(min=1e-9)
-
-
-def answer_loss(model: torch.nn.Module, rows: list[TrainingRow], pad_token_id: int) -> torch.Tensor:
-    """Cross-entropy on answer tokens of packed PaDeLLM/AR rows (weighted by the rows' weights)."""
-    ids, positions, mask = collate_trees([r.tree for r in rows], pad_token_id, dtype=next(_inner(model).parameters()).dtype)
-    return packed_loss(model, ids, positions, mask, [r.targets for r in rows], [r.weights for r in rows])
-
-
-def optimizer_step(loss: torch.Tensor, parameters: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
-                   scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> None:
-    """Backward, clip the gradient norm to 1, step (and the schedule), clear the gradients."""
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def _prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    model, tokenizer = load_base(config.base, dtype=DTYPES[config.dtype], device=config.device)
+def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, int]:
+    """The model to train, its tokenizer, and the index of its first trained layer."""
+    model, tokenizer = load_base(config.base, dtype=DTYPES[resolved_dtype(config.dtype, config.device)], device=config.device)
+    trained = trained_layer_indices(model, config.top_layers)
     if config.full:
-        model.requires_grad_(True)
+        model.requires_grad_(config.top_layers is None)
+        if config.top_layers is not None:
+            for index in trained:
+                model.get_decoder().layers[index].requires_grad_(True)
+            model.get_decoder().norm.requires_grad_(True)
     else:
         from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout, target_modules="all-linear", task_type="CAUSAL_LM")
+        lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout, task_type="CAUSAL_LM",
+                          target_modules="all-linear" if config.top_layers is None else list(LINEAR_MODULES),
+                          layers_to_transform=None if config.top_layers is None else trained)
         model = get_peft_model(model, lora)
     model.train()
-    return model, tokenizer
-
-
-def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
-
-
-def _save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / "checkpoint.pt.partial"
-    torch.save({"params": _trainable_state(model), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "state": state}, partial)
-    partial.replace(folder / "checkpoint.pt")
+    return model, tokenizer, trained[0]
 
 
 def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTokenizerBase) -> NERModelConfig:
@@ -169,7 +124,7 @@ def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTok
 
 def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, labels: list[str], dev: list[Example]) -> dict:
     """Dev scores of the model as it is now (both decoders when both formats are trained)."""
-    lm = _inner(model)
+    lm = inner_model(model)
     lm.eval()
     engine = NEREngine(NERModel(lm, tokenizer, _ner_config(config, labels, tokenizer), Path(config.output)))
     scores = {
@@ -182,17 +137,19 @@ def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokeni
 
 
 def train(config: TrainConfig) -> dict:
-    """Train, evaluate and save the model to ``config.output``; return the final metrics."""
+    """Train, evaluate and save the model to ``config.output``; return the final metrics. With
+    ``config.resume``, a run stopped at any moment continues from its last checkpoint exactly as
+    if it had not stopped (same weights, optimizer, schedule, data order)."""
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     output = Path(config.output)
     train_examples = read_corpus(config.train)[: config.limit]
     dev_examples = read_corpus(config.dev)[: config.eval_limit] if config.dev else []
-    labels = config.labels or labels_of(train_examples)
-    model, tokenizer = _prepare_model(config)
+    labels = check_labels(config.labels, train_examples, config.train, dev_examples, config.dev)
     unknown = set(config.loss_weights) - set(QUERY_KINDS)
     if unknown:
         raise ValueError(f"loss_weights names unknown query kinds {sorted(unknown)}; the kinds: {', '.join(QUERY_KINDS)}")
+    model, tokenizer, first_layer = prepare_model(config)
     train_examples = oversample_hard_counts(train_examples, labels, config.hard_count_min, config.hard_count_repeat)
     rows = [build_row(e, labels, tokenizer, config.formats, config.label_names, config.loss_weights or None)
             for e in tqdm(train_examples, desc="build rows", unit="text")]
@@ -210,44 +167,54 @@ def train(config: TrainConfig) -> dict:
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    state = {"step": 0, "tokens": 0, "seconds": 0.0, "history": []}
-    checkpoint = output / "checkpoint" / "checkpoint.pt"
-    if config.resume and checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
-        model.load_state_dict(saved["params"], strict=False)
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        state = saved["state"]
-        log.info("resumed from step %d", state["step"])
+    folder = output / "checkpoint"
+    state = {"step": 0, "tokens": 0, "seconds": 0.0, "evaluated_at": 0, "history": []}
+    if config.resume:
+        state = load_checkpoint(folder, model, optimizer, scheduler) or state
+        log.info("resuming at step %d", state["step"])
+    frozen = None
+    if first_layer > 0:
+        began = time.perf_counter()
+        frozen = FrozenHidden.build(inner_model(model), [r.tree for r in rows], first_layer, folder / "frozen", pad, config.batch_tokens)
+        state["seconds"] += time.perf_counter() - began
+    clock = CheckpointClock(config.checkpoint_minutes)
     bar = tqdm(total=total_steps, initial=state["step"], desc="train", unit="step")
-    epoch = state["step"] // steps_per_epoch
 
     def finished() -> bool:
         out_of_time = config.max_minutes is not None and state["seconds"] >= 60 * config.max_minutes
         return state["step"] >= total_steps or out_of_time
 
+    def evaluate_if_due() -> None:
+        """Score dev at the end of each epoch and of the run (once per step reached)."""
+        epoch_ended = state["step"] // steps_per_epoch > state["evaluated_at"] // steps_per_epoch
+        if dev_examples and state["step"] != state["evaluated_at"] and (epoch_ended or finished()):
+            scores = evaluate_during_training(model, tokenizer, config, labels, dev_examples)
+            state["history"].append({"epoch": round(state["step"] / steps_per_epoch, 2), "step": state["step"],
+                                     "train_seconds": round(state["seconds"], 1), **scores})
+            tqdm.write(f"epoch {state['history'][-1]['epoch']} dev: {json.dumps(scores)}")
+            state["evaluated_at"] = state["step"]
+
     while not finished():
-        batches = length_batches(lengths, config.batch_tokens, config.seed + epoch)
-        for batch in batches[state["step"] - epoch * steps_per_epoch:]:
+        epoch = state["step"] // steps_per_epoch
+        for batch in length_batches(lengths, config.batch_tokens, config.seed + epoch)[state["step"] - epoch * steps_per_epoch:]:
             began = time.perf_counter()
-            loss = answer_loss(model, [rows[i] for i in batch], pad)
+            hidden = frozen.padded(batch) if frozen is not None else None
+            loss = answer_loss(model, [rows[i] for i in batch], pad, hidden, first_layer)
             optimizer_step(loss, trainable, optimizer, scheduler)
             state["step"] += 1
-            state["tokens"] += sum(len(rows[i].tree) for i in batch)
+            state["tokens"] += sum(lengths[i] for i in batch)
             state["seconds"] += time.perf_counter() - began
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{state['tokens'] / state['seconds']:.0f}")
-            if state["step"] % config.save_every == 0:
-                _save_checkpoint(output / "checkpoint", model, optimizer, scheduler, state)
+            if clock.due():
+                save_checkpoint(folder, model, optimizer, scheduler, state)
+                clock.reset()
             if finished():
                 break
-        epoch += 1
-        if dev_examples:
-            scores = evaluate_during_training(model, tokenizer, config, labels, dev_examples)
-            state["history"].append({"epoch": epoch, "step": state["step"], **scores})
-            log.info("epoch %d dev: %s", epoch, json.dumps(scores))
-            tqdm.write(f"epoch {epoch} dev: {json.dumps(scores)}")
-        _save_checkpoint(output / "checkpoint", model, optimizer, scheduler, state)
+        evaluate_if_due()
+        save_checkpoint(folder, model, optimizer, scheduler, state)
+        clock.reset()
+    evaluate_if_due()
     bar.close()
     return save_model(model, tokenizer, config, labels, state)
 
@@ -257,7 +224,7 @@ def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, confi
     output = Path(config.output)
     output.mkdir(parents=True, exist_ok=True)
     if config.full:
-        _inner(model).save_pretrained(output)
+        inner_model(model).save_pretrained(output)
         tokenizer.save_pretrained(output)
     else:
         for parameter in model.parameters():

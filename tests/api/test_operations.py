@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
 
 from ner_service.api.core.logging import JsonFormatter, request_id_var
-from padellm_ner.cli import build_parser
+from padellm_ner.cli import build_parser, main
 
 
 def test_metrics_count_requests_batches_and_tokens(client) -> None:
@@ -31,10 +32,10 @@ def test_readyz_reports_a_model_that_fails_to_load(make_client, tmp_path: Path) 
     broken.mkdir()
     (broken / "ner_model.json").write_text(json.dumps({"name": "broken", "labels": ["PER"]}))
     client = make_client(ready=False, ner_model=str(broken))
-    for _ in range(200):
-        ready = client.get("/readyz")
-        if ready.json()["status"] != "loading":
-            break
+    deadline = time.monotonic() + 120  # bounds a failing test only: the load fails as soon as it is tried
+    while (ready := client.get("/readyz")).json()["status"] == "loading":
+        assert time.monotonic() < deadline, "the broken model was still loading"
+        time.sleep(0.01)
     assert ready.status_code == 503 and ready.json()["status"] == "failed" and ready.json()["detail"]
     assert client.get("/healthz").json() == {"status": "ok"}
     answer = client.post("/v1/entities", json={"text": "Peter"})
@@ -56,3 +57,9 @@ def test_serve_command_options() -> None:
     assert (args.host, args.port, args.workers) == ("0.0.0.0", 9000, 2)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--port", "not-a-port"])
+
+
+def test_serve_refuses_an_unknown_model_before_it_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert build_parser().parse_args(["serve", "--model", "runs/mine"]).model == "runs/mine"
+    assert main(["serve", "--model", "no-such-model"]) == 2
+    assert capsys.readouterr().err.startswith("padellm-ner: error: unknown model 'no-such-model'")

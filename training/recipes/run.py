@@ -27,6 +27,7 @@ class RecipeRun:
     device: str | None = None
     limit: int | None = None
     max_steps: int | None = None
+    resume: bool = False
 
     def stage_output(self, index: int, stages: int) -> Path:
         return self.output if index == stages else self.output.with_name(f"{self.output.name}-stage{index}")
@@ -55,7 +56,7 @@ def stage_configs(recipe: Recipe, run: RecipeRun) -> list[Any]:
             values.setdefault("name", recipe.name)
         if stage.continues:
             values[trainer.continues_field] = str(previous)
-        for field_name, value in (("limit", run.limit), ("max_steps", run.max_steps)):
+        for field_name, value in (("limit", run.limit), ("max_steps", run.max_steps), ("resume", run.resume or None)):
             if value is not None and field_name in names:
                 values[field_name] = value
         configs.append(trainer.make_config(values))

@@ -1,0 +1,140 @@
+"""Training on the CPU: the top layers alone from cached frozen hidden states give the same loss
+and gradients as the whole model, the dtype follows the device, and a run killed at any moment
+resumes to exactly the weights of a run that was never stopped (tiny model, real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.examples import build_row
+from training.loss import answer_loss, inner_model
+from training.top_layers import FrozenHidden
+from training.trainer import TrainConfig, prepare_model, resolved_dtype
+from corpora import Example, Span
+
+TINY = Path(__file__).resolve().parent.parent / "ner_service" / "shipped_models" / "tiny-conll03"
+NAMES = ["Peter", "Anna", "Maria", "Jon", "Li Wei", "Omar"]
+PLACES = ["Paris", "Berlin", "Lagos", "Lima", "Oslo"]
+
+
+def _examples(n: int, seed: int = 0) -> list[Example]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        who, where = rng.choice(NAMES), rng.choice(PLACES)
+        text = f"{who} flew to {where} on day {i} ."
+        out.append(Example(text, [Span(0, len(who), "PER"), Span(len(who) + 9, len(who) + 9 + len(where), "LOC")]))
+    return out
+
+
+def _jsonl(path: Path, examples: list[Example]) -> Path:
+    lines = [json.dumps({"text": e.text, "entities": [{"start": s.start, "end": s.end, "label": s.label} for s in e.spans]})
+             for e in examples]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_the_dtype_follows_the_device() -> None:
+    assert resolved_dtype("auto", "cpu") == "float32" and resolved_dtype("auto", "cuda") == "bfloat16"
+    assert resolved_dtype("bfloat16", "cpu") == "bfloat16"
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolved_dtype("int8", "cpu")
+
+
+def test_lora_on_the_top_layers_adapts_those_layers_only(tmp_path: Path) -> None:
+    model, _, first = prepare_model(TrainConfig(base=str(TINY), train="-", output=str(tmp_path), lora_r=4, top_layers=1))
+    adapted = {name.split(".layers.")[1].split(".")[0] for name, p in model.named_parameters() if p.requires_grad}
+    assert first == 1 and adapted == {"1"}
+    with pytest.raises(ValueError, match="between 1 and 2"):
+        prepare_model(TrainConfig(base=str(TINY), train="-", output=str(tmp_path), top_layers=3))
+
+
+def test_full_fine_tuning_of_the_top_layers_freezes_the_rest(tmp_path: Path) -> None:
+    model, _, first = prepare_model(TrainConfig(base=str(TINY), train="-", output=str(tmp_path), full=True, top_layers=1))
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert first == 1 and trained and all(".layers.1." in name or name == "model.norm.weight" for name in trained)
+
+
+def test_the_top_layers_from_cached_hidden_states_give_the_whole_models_loss_and_gradients(tmp_path: Path) -> None:
+    model, tokenizer, first = prepare_model(TrainConfig(base=str(TINY), train="-", output=str(tmp_path), lora_r=4, top_layers=1))
+    torch.manual_seed(0)
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.05)  # a LoRA that has learnt something
+    rows = [build_row(e, ["LOC", "PER"], tokenizer) for e in _examples(6)]
+    pad = tokenizer.eos_token_id
+    frozen = FrozenHidden.build(inner_model(model), [r.tree for r in rows], first, tmp_path / "frozen", pad, batch_tokens=128)
+    batch = [0, 3, 5]
+
+    def loss_and_grads(hidden: torch.Tensor | None) -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad()
+        loss = answer_loss(model, [rows[i] for i in batch], pad, hidden, first if hidden is not None else 0)
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    whole, whole_grads = loss_and_grads(None)
+    cached, cached_grads = loss_and_grads(frozen.padded(batch))
+    assert cached == pytest.approx(whole, rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(whole_grads, cached_grads))
+    again = FrozenHidden.build(inner_model(model), [r.tree for r in rows], first, tmp_path / "frozen", pad, batch_tokens=128)
+    assert torch.equal(again.hidden, frozen.hidden)  # read back, not recomputed
+
+
+def _train(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "padellm_ner.cli", "train", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+
+
+def test_a_run_killed_mid_step_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    data = _jsonl(tmp_path / "train.jsonl", _examples(48))
+    common = ["--train", str(data), "--base", str(TINY), "--full", "--top-layers", "1", "--lr", "3e-3", "--max-steps", "24",
+              "--batch-tokens", "256", "--seed", "3"]
+    uninterrupted = _train([*common, "--output", str(tmp_path / "whole")])
+    assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stderr.read()
+
+    killed = _train([*common, "--output", str(tmp_path / "killed"), "--checkpoint-minutes", "0"])
+    checkpoint = tmp_path / "killed" / "checkpoint" / "checkpoint.pt"
+    deadline = time.monotonic() + 240
+    while not checkpoint.is_file() and time.monotonic() < deadline and killed.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.3)  # into a later step
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    stopped_at = torch.load(checkpoint, weights_only=False)["state"]["step"]
+    assert 0 < stopped_at < 24
+
+    resumed = _train([*common, "--output", str(tmp_path / "killed"), "--resume"])
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    whole, continued = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "killed" / "model.safetensors")
+    assert whole.keys() == continued.keys()
+    assert all(torch.equal(whole[k], continued[k]) for k in whole), "the resumed run diverged"
+    assert json.loads((tmp_path / "killed" / "training.json").read_text())["steps"] == 24
+
+
+def test_an_interrupted_frozen_pass_continues_where_it_stopped(tmp_path: Path) -> None:
+    model, tokenizer, first = prepare_model(TrainConfig(base=str(TINY), train="-", output=str(tmp_path), lora_r=4, top_layers=1))
+    trees = [build_row(e, ["LOC", "PER"], tokenizer).tree for e in _examples(20)]
+    pad, lm = tokenizer.eos_token_id, inner_model(model)
+    whole = FrozenHidden.build(lm, trees, first, tmp_path / "whole", pad, batch_tokens=64).hidden.clone()
+    partial = FrozenHidden.build(lm, trees, first, tmp_path / "partial", pad, batch_tokens=64)
+    meta = json.loads((tmp_path / "partial" / "hidden.json").read_text())
+    meta["done"] = 7  # as if killed after the first 7 rows (shortest first) were written
+    (tmp_path / "partial" / "hidden.json").write_text(json.dumps(meta))
+    later = sorted(range(len(trees)), key=lambda i: len(trees[i]))[7:]
+    for index in later:
+        partial.hidden[partial.offsets[index]:partial.offsets[index + 1]] = 0.0
+    resumed = FrozenHidden.build(lm, trees, first, tmp_path / "partial", pad, batch_tokens=64)
+    assert torch.equal(resumed.hidden, whole)
+    assert json.loads((tmp_path / "partial" / "hidden.json").read_text())["done"] == len(trees)
