@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     ner_max_request_tokens: int = 8192  # estimated tokens of work one request may hold (413 above)
     ner_admission_fraction: float = 0.8  # admit while the work ahead fits this fraction of NER_REQUEST_TIMEOUT_S (else 429)
     ner_prior_ms_per_token: float = 5.0  # the engine's rate assumed until the first batch is measured
+    ner_fixed_ms_per_token: float = 0.0  # > 0: admission assumes this rate and never measures it (0: the measured rate)
     ner_long_text_tokens: int = 160  # a text of more estimated tokens is cut into pieces that interleave with other requests
     ner_piece_tokens: int = 64  # ... of at most this many
     ner_batch_split_tokens: int = 64  # the pieces of long texts one batch may hold

@@ -58,10 +58,16 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
     def run(options: ExtractOptions, texts: list[str]) -> list[Extraction]:
         return pool.extract(options, texts)
 
-    admission = Admission(ServiceRate(settings.ner_prior_ms_per_token), settings.ner_request_timeout_s * settings.ner_admission_fraction,
+    def load(options: ExtractOptions) -> None:
+        pool.ner_model(options.model)
+
+    rate = ServiceRate.fixed(settings.ner_fixed_ms_per_token) if settings.ner_fixed_ms_per_token > 0 \
+        else ServiceRate(settings.ner_prior_ms_per_token)
+    metrics.seconds_per_token.set_function(lambda: rate.seconds_per_token)
+    admission = Admission(rate, settings.ner_request_timeout_s * settings.ner_admission_fraction,
                           settings.ner_max_request_tokens, settings.ner_queue_max)
     batcher = MicroBatcher(
-        run, metrics, admission, enabled=settings.ner_microbatch, wait_ms=settings.ner_batch_wait_ms,
+        run, metrics, admission, prepare=load, enabled=settings.ner_microbatch, wait_ms=settings.ner_batch_wait_ms,
         wait_fraction=settings.ner_batch_wait_fraction, wait_max_ms=settings.ner_batch_wait_max_ms,
         max_texts=settings.ner_batch_max_texts, piece_tokens=settings.ner_piece_tokens,
         long_text_tokens=settings.ner_long_text_tokens, split_tokens=settings.ner_batch_split_tokens,

@@ -1,25 +1,35 @@
 """The real server (uvicorn, tiny model, SQLite, a private Redis) under hostile and heavy use:
 tenants kept apart, load shed with 429 and never a 5xx, a long text interleaved with other keys'
 short ones, failed authentications throttled, capability errors as 422, and the schema
-migrated on start (or the start refused)."""
+migrated on start (or the start refused).
+
+These tests pass as well on a machine busy with other work as on an idle one: admission runs at
+a rate the test fixes (``NER_FIXED_MS_PER_TOKEN``) instead of the rate this machine happens to
+have now, the timeouts are far longer than the work, and what is checked is the order in which
+the server did things (read from its ``/metrics``), never how many seconds they took."""
 
 from __future__ import annotations
 
 import json
-import statistics
+import re
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+from ner_service.api.core.work import pieces_of, work_of
+from ner_service.settings import Settings
 from tests.local_services import PrivateRedis, free_port, live_server
 
 TEXT = "EU rejects German call to boycott British lamb ."
 ALPHA, BETA = {"X-API-Key": "alpha-key"}, {"X-API-Key": "beta-key"}
+#: The longest text a request may hold (NER_MAX_TEXT_CHARS): about 100 pieces of engine work.
+LONG_TEXT = " ".join(f"Peter Blackburn of Reuters met officials in Brussels on day {i} ." for i in range(400))[:20_000]
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +48,26 @@ def _env(folder: Path, redis_url: str, **overrides: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[str]:
-    """Two keys, a fresh database the server migrates when it starts."""
+    """Two keys, a fresh database the server migrates when it starts; admission at a fixed 1 ms a
+    token and a 300 s timeout, so that no request of these tests is shed or timed out however
+    busy the machine is (admission itself is tested with the burst below)."""
     folder = tmp_path_factory.mktemp("hostile")
-    with live_server(_env(folder, redis_url), folder / "uvicorn.log") as url:
+    env = _env(folder, redis_url, NER_FIXED_MS_PER_TOKEN="1", NER_REQUEST_TIMEOUT_S="300")
+    with live_server(env, folder / "uvicorn.log") as url:
         yield url
+
+
+def _metric(http: httpx.Client, name: str) -> float:
+    """The value of the unlabelled sample ``name`` in the server's ``/metrics``."""
+    return float(re.search(rf"^{name} (\S+)$", http.get("/metrics").text, re.M).group(1))
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 240.0) -> None:
+    """Poll until ``condition()`` holds; the deadline only bounds a test that fails."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.01)
 
 
 def test_two_keys_never_see_each_others_jobs_documents_or_entities(server: str) -> None:
@@ -89,76 +115,81 @@ def test_bad_documents_are_refused_at_the_door_and_echoes_stay_small(server: str
 
 
 def test_a_maximal_text_does_not_hold_back_another_keys_short_request(server: str) -> None:
-    long_text = " ".join(f"Peter Blackburn of Reuters met officials in Brussels on day {i} ." for i in range(400))[:20_000]
-    with httpx.Client(base_url=server, timeout=120) as http:
-        def short() -> float:
-            began = time.perf_counter()
-            assert http.post("/v1/entities", headers=BETA, json={"text": TEXT}).status_code == 200
-            return time.perf_counter() - began
+    answer: dict = {}
 
-        short()
-        unloaded = statistics.median(short() for _ in range(7))
-        answer: dict = {}
+    def maximal() -> None:
+        with httpx.Client(base_url=server, timeout=300) as own:
+            answer["response"] = own.post("/v1/entities", headers=ALPHA, json={"text": LONG_TEXT})
 
-        def maximal() -> None:
-            with httpx.Client(base_url=server, timeout=120) as own:
-                began = time.perf_counter()
-                answer["response"] = own.post("/v1/entities", headers=ALPHA, json={"text": long_text})
-                answer["seconds"] = time.perf_counter() - began
-
+    with httpx.Client(base_url=server, timeout=300) as http:
+        assert _metric(http, "padellm_queue_texts") == 0
         worker = threading.Thread(target=maximal)
         worker.start()
-        time.sleep(0.2)
-        loaded = []
-        while worker.is_alive() and len(loaded) < 15:
-            loaded.append(short())
+        _wait_for(lambda: _metric(http, "padellm_queue_texts") == 1 or not worker.is_alive(), "the long text queued")
+        beside = 0  # short requests of the other key answered while the long text was still unanswered
+        while worker.is_alive() and beside < 5:
+            assert http.post("/v1/entities", headers=BETA, json={"text": TEXT}).status_code == 200
+            beside += _metric(http, "padellm_queue_texts") == 1  # the short one's own text is no longer counted
         worker.join()
     response = answer["response"]
     assert response.status_code == 200, response.text[:300]
     result = response.json()["results"][0]
-    assert all(long_text[e["start"]:e["end"]] == e["text"] for e in result["entities"])
+    assert all(LONG_TEXT[e["start"]:e["end"]] == e["text"] for e in result["entities"])
     assert result["stats"]["forward_passes"] >= 90  # the whole text was read, in about 100 pieces of a forward or more each
-    assert len(loaded) >= 3, f"the long text took {answer['seconds']:.2f} s: too short to measure beside it"
-    # the short requests ran between the long text's pieces, not after it
-    assert statistics.median(loaded) <= 2 * unloaded + 0.02, (unloaded, loaded, answer["seconds"])
+    # the short requests ran between the long text's pieces, not after them (queued behind it, none would be)
+    assert beside >= 3, beside
 
 
-def _engine_texts(http: httpx.Client) -> float:
-    """Texts (pieces) the server's engine has run so far, from ``/metrics``."""
-    import re
-
-    return float(re.search(r"^padellm_engine_batch_texts_sum (\S+)$", http.get("/metrics").text, re.M).group(1))
+def _abandoned_post(server: str, path: str, headers: dict[str, str], body: bytes) -> socket.socket:
+    """A connection that has sent a whole POST; the client goes away when it is closed."""
+    url = httpx.URL(server)
+    connection = socket.create_connection((url.host, url.port))
+    head = [f"POST {path} HTTP/1.1", f"Host: {url.host}:{url.port}", "Content-Type: application/json",
+            f"Content-Length: {len(body)}", *(f"{name}: {value}" for name, value in headers.items())]
+    connection.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+    return connection
 
 
 def test_the_work_of_a_client_that_went_away_is_cancelled(server: str) -> None:
-    long_text = " ".join(f"Peter Blackburn of Reuters met officials in Brussels on day {i} ." for i in range(400))[:20_000]
-    with httpx.Client(base_url=server, timeout=60) as http:
-        before = _engine_texts(http)
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{server}/v1/entities", headers=ALPHA, json={"texts": [long_text] * 6}, timeout=0.3)
-        time.sleep(4.0)  # all of it takes about 3 s on the tiny model
-        ran = _engine_texts(http) - before
-    assert 0 < ran < 400, ran  # of about 600 pieces: the rest never reached the engine
+    texts = [LONG_TEXT] * 6
+    settings = Settings()  # the server's piece sizes: the defaults
+    pieces = len(pieces_of(texts, settings.ner_piece_tokens, settings.ner_long_text_tokens))
+    with httpx.Client(base_url=server, timeout=300) as http:
+        before = _metric(http, "padellm_engine_batch_texts_sum")
+        with _abandoned_post(server, "/v1/entities", ALPHA, json.dumps({"texts": texts}).encode()):
+            _wait_for(lambda: _metric(http, "padellm_engine_batch_texts_sum") > before, "the request's first piece run")
+        # the client is gone while about 600 pieces wait: the server lets go of them ...
+        _wait_for(lambda: _metric(http, "padellm_queue_texts") == 0, "the abandoned request's texts released")
+        assert 'status="499"' in http.get("/metrics").text  # ... because the client went away, not for a timeout
+        # a request after it runs once the engine is done with whatever batch it was running
+        assert http.post("/v1/entities", headers=ALPHA, json={"text": TEXT}).status_code == 200
+        ran = _metric(http, "padellm_engine_batch_texts_sum") - before - 1
+    assert 0 < ran < pieces / 2, (ran, pieces)  # the rest never reached the engine
 
 
 def test_a_burst_beyond_capacity_gets_429_with_retry_after_and_no_5xx(tmp_path: Path, redis_url: str) -> None:
-    env = _env(tmp_path, redis_url, NER_REQUEST_TIMEOUT_S="1.0")
-    with live_server(env, tmp_path / "uvicorn.log") as url, httpx.Client(base_url=url, timeout=30) as http:
-        assert http.post("/v1/entities", headers=ALPHA, json={"texts": [TEXT] * 8}).status_code == 200  # the rate is measured
-
-        def send(index: int) -> tuple[int, str | None, float]:
-            began = time.perf_counter()
-            response = http.post("/v1/entities", headers=ALPHA if index % 2 else BETA,
-                                 json={"texts": [f"{TEXT} {index} {k}" for k in range(8)]})
-            return response.status_code, response.headers.get("Retry-After"), time.perf_counter() - began
+    """128 requests of 8 texts from 64 threads on a server whose admission (a fixed rate: the
+    test's, not this machine's) fits 8 of them in the budget of its 30 s timeout. The first 8
+    fill the queue and one batch (64 texts, so the batch does not wait for more); the ones that
+    arrive meanwhile are shed with 429 and Retry-After; none is a 504 or another 5xx."""
+    bodies = [{"texts": [f"{TEXT} {index:03d} {k}" for k in range(8)]} for index in range(128)]
+    [tokens] = {sum(work_of(text) for text in body["texts"]) for body in bodies}  # every request is the same work
+    budget_s, ms_per_token = 30.0 * 0.8, 16.0  # NER_REQUEST_TIMEOUT_S * NER_ADMISSION_FRACTION
+    assert 8 * tokens * ms_per_token / 1000 <= budget_s < 9 * tokens * ms_per_token / 1000  # 8 fit, not 9
+    env = _env(tmp_path, redis_url, NER_REQUEST_TIMEOUT_S="30", NER_FIXED_MS_PER_TOKEN=str(ms_per_token),
+               NER_BATCH_MAX_TEXTS="64", NER_BATCH_WAIT_MS="2000")
+    with live_server(env, tmp_path / "uvicorn.log") as url, httpx.Client(base_url=url, timeout=300) as http:
+        def send(index: int) -> httpx.Response:
+            return http.post("/v1/entities", headers=ALPHA if index % 2 else BETA, json=bodies[index])
 
         with ThreadPoolExecutor(64) as pool:
             answers = list(pool.map(send, range(128)))
-    codes = [code for code, _, _ in answers]
-    assert not [code for code in codes if code >= 500], codes
+    codes = [answer.status_code for answer in answers]
+    assert not [code for code in codes if code >= 500], codes  # admitted requests were answered within the timeout
     assert set(codes) <= {200, 429} and codes.count(429) >= 1 and codes.count(200) >= 8, codes
-    assert all(retry is not None and int(retry) >= 1 for code, retry, _ in answers if code == 429)
-    assert max(seconds for code, _, seconds in answers if code == 200) < 1.0 + 0.5  # admitted: answered within the timeout (+ client overhead)
+    for answer in answers:
+        if answer.status_code == 429:
+            assert "at capacity" in answer.json()["detail"] and 1 <= int(answer.headers["Retry-After"]) <= 30, answer.text
 
 
 def test_wrong_keys_from_one_address_are_throttled(tmp_path: Path, redis_url: str) -> None:

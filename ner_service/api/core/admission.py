@@ -22,17 +22,25 @@ class TooMuchWork(ValueError):
 
 class ServiceRate:
     """Seconds of engine time per estimated token: ``prior_ms_per_token`` until the first engine
-    call is measured, then an exponential moving average over calls."""
+    call is measured, then an exponential moving average over calls; or, made by :meth:`fixed`,
+    a rate that engine calls do not change (``NER_FIXED_MS_PER_TOKEN``: admission that does not
+    follow the momentary speed of a machine shared with other work)."""
 
-    def __init__(self, prior_ms_per_token: float, smoothing: float = 0.3) -> None:
+    def __init__(self, prior_ms_per_token: float, smoothing: float = 0.3, *, measuring: bool = True) -> None:
         self.seconds_per_token = prior_ms_per_token / 1000
         self.smoothing = smoothing
+        self.measuring = measuring
         self.measured = False
         self._lock = threading.Lock()
 
+    @classmethod
+    def fixed(cls, ms_per_token: float) -> ServiceRate:
+        """A rate of ``ms_per_token`` that :meth:`observe` leaves as it is."""
+        return cls(ms_per_token, measuring=False)
+
     def observe(self, tokens: int, seconds: float) -> None:
-        """Record one engine call over ``tokens`` estimated tokens."""
-        if tokens > 0:
+        """Record one engine call over ``tokens`` estimated tokens (nothing, for a fixed rate)."""
+        if tokens > 0 and self.measuring:
             with self._lock:
                 weight = self.smoothing if self.measured else 1.0
                 self.seconds_per_token += weight * (seconds / tokens - self.seconds_per_token)

@@ -7,14 +7,16 @@ key), and each batch starts with the next caller in turn, so that no key's burst
 another's requests. A batch is either whole texts of any callers (up to ``max_texts`` with the
 same :class:`ExtractOptions`) or pieces of long texts (up to ``split_tokens``): a short request
 never waits behind more than one small batch of someone's long text. A request that times out
-or whose client is gone is cancelled, and its pieces still queued never reach the engine.
+or whose client is gone is cancelled, and its pieces still queued (or in a batch still waiting
+for the engine thread) never reach the engine.
 
 All engine work, model loading included, runs in ONE dedicated worker thread (the engine is not
-thread-safe), off the event loop. The gathering window opens with the first queued piece and
-closes when ``max_texts`` are queued or after ``wait_ms``, stretched to ``wait_fraction`` of the
-previous engine call (at most ``wait_max_ms``): when a batch takes seconds, its clients' next
-requests may take longer than ``wait_ms`` to come back, and a batch cut short costs more per
-text than the wait.
+thread-safe), off the event loop; each engine call's time (a model loaded on first use
+excluded) is what admission's measured rate learns from. The gathering window opens with the
+first queued piece and closes when ``max_texts`` are queued or after ``wait_ms``, stretched to
+``wait_fraction`` of the previous engine call (at most ``wait_max_ms``): when a batch takes
+seconds, its clients' next requests may take longer than ``wait_ms`` to come back, and a batch
+cut short costs more per text than the wait.
 """
 
 from __future__ import annotations
@@ -78,8 +80,9 @@ class MicroBatcher:
 
     def __init__(self, run: Runner, metrics: Metrics, admission: Admission, *, enabled: bool, wait_ms: float, max_texts: int,
                  wait_fraction: float = 0.0, wait_max_ms: float = 0.0, piece_tokens: int = 64, long_text_tokens: int = 160,
-                 split_tokens: int = 64) -> None:
+                 split_tokens: int = 64, prepare: Callable[[ExtractOptions], object] | None = None) -> None:
         self._run = run
+        self._prepare = prepare  # run in the engine thread before a batch, untimed (loading its model)
         self._metrics = metrics
         self.admission = admission
         self.enabled = enabled
@@ -219,8 +222,13 @@ class MicroBatcher:
 
     async def _process(self, batch: list[_Queued]) -> None:
         key = batch[0].request.key
-        texts = [queued.piece.text for queued in batch]
         try:
+            if self._prepare is not None:  # a model loaded on first use is not engine time: it would inflate the rate
+                await self.in_engine_thread(self._prepare, key)
+            batch = [queued for queued in batch if not queued.request.future.done()]  # cancelled while the engine was busy
+            if not batch:
+                return
+            texts = [queued.piece.text for queued in batch]
             began = time.perf_counter()
             results = await self.in_engine_thread(self._run, key, texts)
             self._last_run_s = time.perf_counter() - began

@@ -34,6 +34,9 @@ class Metrics:
             registry=self.registry, buckets=(0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256),
         )
         self.queue_texts = Gauge("padellm_queue_texts", "Texts waiting in or being processed by the micro-batcher", registry=self.registry)
+        self.seconds_per_token = Gauge("padellm_engine_seconds_per_token",
+                                       "Engine seconds per estimated token that admission assumes (measured, or NER_FIXED_MS_PER_TOKEN)",
+                                       registry=self.registry)
         self.shed = Counter("padellm_requests_shed_total", "Requests refused with 429 because the work queued exceeds the timeout",
                             registry=self.registry)
 
