@@ -90,12 +90,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from ner_service.engine.ner_model import NERModelConfig, resolve_ner_model, shipped_model_names
+    from ner_service.engine.ner_model import SELF_CONTAINED, NERModelConfig, resolve_ner_model, shipped_model_names
 
     for name in shipped_model_names():
         config = NERModelConfig.read(resolve_ner_model(name))
         f1 = (config.metrics.get("dev") or {}).get("padellm", {}).get("micro_f1")
-        print(f"{name:<16} {config.language}  labels={','.join(config.labels)}  base={config.base}"
+        base = "self-contained" if config.base == SELF_CONTAINED else config.base
+        print(f"{name:<16} {config.language}  labels={','.join(config.labels)}  base={base}"
               + (f"  dev_f1={f1:.2f}" if isinstance(f1, float) else ""))
     return 0
 

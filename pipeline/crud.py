@@ -98,7 +98,7 @@ def owned_document_ids(session: Session, owner: str, public_ids: Sequence[str]) 
     """The row ids of ``owner``'s documents with these public ids, in order; raises
     :class:`UnknownDocumentsError` for the public ids that name none of them."""
     found = dict(session.execute(select(Document.public_id, Document.id)
-                                 .where(Document.owner == owner, Document.public_id.in_(list(public_ids)))).tuples().all())
+                                 .where(Document.owner == owner, Document.public_id.in_(list(public_ids)))).all())
     missing = [p for p in dict.fromkeys(public_ids) if p not in found]
     if missing:
         raise UnknownDocumentsError(missing)
@@ -107,7 +107,7 @@ def owned_document_ids(session: Session, owner: str, public_ids: Sequence[str]) 
 
 def public_ids_of(session: Session, document_ids: Sequence[int]) -> list[str]:
     """The public ids of documents, in the order of their row ids."""
-    found = dict(session.execute(select(Document.id, Document.public_id).where(Document.id.in_(list(document_ids)))).tuples().all())
+    found = dict(session.execute(select(Document.id, Document.public_id).where(Document.id.in_(list(document_ids)))).all())
     return [found[i] for i in document_ids]
 
 

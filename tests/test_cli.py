@@ -43,6 +43,7 @@ def test_errors_are_one_clear_line_and_exit_2(tmp_path: Path) -> None:
 def test_models_lists_the_shipped_models() -> None:
     done = run("models")
     assert done.returncode == 0 and "tiny-conll03" in done.stdout
+    assert "base=." not in done.stdout and "base=self-contained" in done.stdout  # the tiny model holds its own weights
 
 
 TINY_BASE = str(Path(__file__).resolve().parent.parent / "ner_service" / "shipped_models" / "tiny-conll03")
