@@ -16,7 +16,7 @@ another arm):
 * ``compile``: the default arm with its trained layers under ``torch.compile``; compiling and
   its steps get ``--compile-budget`` seconds (0: skipped), and a failure is reported in the
   table, not raised; the compile time counts in ``one_off_s``;
-* ``default``: the new CPU default, LoRA on the top 10 layers, float32 (its frozen pass is the
+* ``default``: the en-conll03-cpu recipe's setting (the candidate CPU default), LoRA on the top 10 layers, float32 (its frozen pass is the
   ``top10`` arm's, so its one-off seconds are that pass's).
 
 A top-layer count is clamped to the model's layers minus one (the tiny test model has 2).
@@ -70,7 +70,7 @@ from training.trainer import TrainConfig, prepare_model, train  # noqa: E402
 DATA = Path(os.environ.get("PADELLM_DATA", CONLL_DEV.parent.parent))
 #: The settings every arm shares (the en-conll03 recipes').
 LORA_R, LORA_ALPHA, LR = 32, 32, 1e-3
-#: The new CPU default: LoRA on the top 10 layers, float32.
+#: The en-conll03-cpu recipe's setting (the candidate CPU default): LoRA on the top 10 layers, float32.
 DEFAULT_TOP = 10
 EPOCHS_FOR_EFFECTIVE = 3
 
@@ -146,7 +146,7 @@ def arms_for(layers: int, args: argparse.Namespace) -> list[Arm]:
         found.append(Arm(f"threads{threads}", f"baseline, {threads} torch thread(s)", threads=threads))
     default = clamp(DEFAULT_TOP)
     found.append(Arm("compile", f"default + torch.compile of the top {default} layers", top_layers=default, compile=True))
-    found.append(Arm("default", f"new default: LoRA top {default}/{layers} layers, float32", top_layers=default))
+    found.append(Arm("default", f"recipe en-conll03-cpu: LoRA top {default}/{layers} layers, float32", top_layers=default))
     return found
 
 
