@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from training.batching import length_batches
 from training.checkpoints import CheckpointClock, load_checkpoint, save_checkpoint
