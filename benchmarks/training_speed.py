@@ -16,8 +16,9 @@ another arm):
 * ``compile``: the default arm with its trained layers under ``torch.compile``; compiling and
   its steps get ``--compile-budget`` seconds (0: skipped), and a failure is reported in the
   table, not raised; the compile time counts in ``one_off_s``;
-* ``default``: the en-conll03-cpu recipe's setting (the candidate CPU default), LoRA on the top 10 layers, float32 (its frozen pass is the
-  ``top10`` arm's, so its one-off seconds are that pass's).
+* ``default``: the en-conll03-cpu recipe's setting, read from the recipe (today full fine-tuning
+  of the top 15 layers at its learning rate, float32; a frozen pass it shares with a ``topN`` arm
+  of the same layers).
 
 A top-layer count is clamped to the model's layers minus one (the tiny test model has 2).
 Per arm: tokens/s and texts/s of the steps, speed-up over the baseline on the same batches,
@@ -64,19 +65,35 @@ from training.batching import length_batches  # noqa: E402
 from training.evaluate import evaluate_engine  # noqa: E402
 from training.examples import build_row  # noqa: E402
 from training.loss import answer_loss, inner_model, optimizer_step  # noqa: E402
+from training.recipes.recipe import load_recipe  # noqa: E402
 from training.top_layers import FrozenHidden, layer_count  # noqa: E402
 from training.trainer import TrainConfig, prepare_model, train  # noqa: E402
 
 DATA = Path(os.environ.get("PADELLM_DATA", CONLL_DEV.parent.parent))
 #: The settings every arm shares (the en-conll03 recipes').
 LORA_R, LORA_ALPHA, LR = 32, 32, 1e-3
-#: The en-conll03-cpu recipe's setting (the candidate CPU default): LoRA on the top 10 layers, float32.
-DEFAULT_TOP = 10
+#: The recipe whose setting is the ``default`` arm (the CPU default).
+CPU_RECIPE = "en-conll03-cpu"
 EPOCHS_FOR_EFFECTIVE = 3
 
 
 class Missing(Exception):
     """Something the benchmark needs is not there (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class RecipeSetting:
+    """How an arm trains: its top layers (None: all), full fine-tuning or LoRA, its learning rate."""
+
+    top_layers: int | None
+    full: bool
+    lr: float
+
+
+def recipe_setting() -> RecipeSetting:
+    """The setting of the CPU recipe's first stage (the ``default`` arm)."""
+    settings = load_recipe(CPU_RECIPE).stages[0].settings
+    return RecipeSetting(settings.get("top_layers"), bool(settings.get("full", False)), float(settings.get("lr", LR)))
 
 
 class OverBudget(Exception):
@@ -92,6 +109,8 @@ class Arm:
     top_layers: int | None = None
     dtype: str = "float32"
     threads: int | None = None  # None: torch's default
+    full: bool = False  # full fine-tuning of the trained layers instead of LoRA
+    lr: float = LR
     compile: bool = False
     steps: int = 0
     status: str = "ok"
@@ -144,9 +163,13 @@ def arms_for(layers: int, args: argparse.Namespace) -> list[Arm]:
             found.append(Arm(f"top{clamp(top)}", f"LoRA top {clamp(top)}/{layers} layers", top_layers=clamp(top)))
     for threads in args.threads:
         found.append(Arm(f"threads{threads}", f"baseline, {threads} torch thread(s)", threads=threads))
-    default = clamp(DEFAULT_TOP)
-    found.append(Arm("compile", f"default + torch.compile of the top {default} layers", top_layers=default, compile=True))
-    found.append(Arm("default", f"recipe en-conll03-cpu: LoRA top {default}/{layers} layers, float32", top_layers=default))
+    recipe = recipe_setting()
+    default = clamp(recipe.top_layers or layers)
+    how = "full fine-tuning" if recipe.full else "LoRA"
+    found.append(Arm("compile", f"default + torch.compile of the top {default} layers", top_layers=default, compile=True,
+                     full=recipe.full, lr=recipe.lr))
+    found.append(Arm("default", f"recipe {CPU_RECIPE}: {how} of the top {default}/{layers} layers, lr {recipe.lr:g}, float32",
+                     top_layers=default, full=recipe.full, lr=recipe.lr))
     return found
 
 
@@ -189,11 +212,11 @@ def budgeted_step(arm: Arm, rows: list, batch: list[int], pad: int, budget: floa
 
 def prepare(arm: Arm, base: str, args: argparse.Namespace, rows: list, pad: int, frozen_by_layer: dict, work: Path) -> None:
     """Load ``arm``'s model and optimizer; build (or share) its frozen-layer cache."""
-    config = TrainConfig(base=base, train="-", output=str(work), lora_r=LORA_R, lora_alpha=LORA_ALPHA,
+    config = TrainConfig(base=base, train="-", output=str(work), lora_r=LORA_R, lora_alpha=LORA_ALPHA, full=arm.full,
                          top_layers=arm.top_layers, batch_tokens=args.batch_tokens, dtype=arm.dtype)
     arm.model, _, arm.first_layer = prepare_model(config)
     arm.trainable = [p for p in arm.model.parameters() if p.requires_grad]
-    arm.optimizer = torch.optim.AdamW(arm.trainable, lr=LR, weight_decay=0.0)
+    arm.optimizer = torch.optim.AdamW(arm.trainable, lr=arm.lr, weight_decay=0.0)
     if arm.first_layer > 0:
         if arm.first_layer not in frozen_by_layer:
             began = time.perf_counter()
@@ -292,16 +315,17 @@ def quality_curve(base: str, train_path: Path, dev_path: Path, args: argparse.Na
     """Train the baseline and the default for ``--minutes`` each, in four resumed parts, scoring
     dev after each."""
     dev = read_corpus(dev_path)[: args.eval_limit]
-    settings = {"baseline": None, "default": next(a for a in speeds.values() if a["arm"] == "default")["top_layers"]}
+    recipe = recipe_setting()
+    settings = {"baseline": RecipeSetting(None, False, LR), "default": RecipeSetting(speeds["default"]["top_layers"], recipe.full, recipe.lr)}
     found = []
     for part in range(1, 5):
-        for name, top in settings.items():
+        for name, setting in settings.items():
             speed = speeds[name]
             budget = 60 * args.minutes - speed.get("build_s", 0.0)
             max_steps = max(1, math.ceil(1.1 * budget * speed["tokens_per_s"] / tokens_per_step))
             config = TrainConfig(base=base, train=str(train_path), output=str(work / f"curve-{name}"), lora_r=LORA_R, lora_alpha=LORA_ALPHA,
-                                 lr=LR, max_steps=max_steps, max_minutes=args.minutes * part / 4, batch_tokens=args.batch_tokens,
-                                 limit=args.limit, top_layers=top, dtype="float32", checkpoint_minutes=1e9, resume=part > 1, seed=0)
+                                 full=setting.full, lr=setting.lr, max_steps=max_steps, max_minutes=args.minutes * part / 4, batch_tokens=args.batch_tokens,
+                                 limit=args.limit, top_layers=setting.top_layers, dtype="float32", checkpoint_minutes=1e9, resume=part > 1, seed=0)
             summary = train(config)
             scores = evaluate_saved(work / f"curve-{name}", dev, batch_size=16)
             found.append({"arm": name, "part": part, "minutes": summary["train_seconds"] / 60, "steps": summary["steps"],
