@@ -9,7 +9,7 @@ generated answer tokens per second, texts per second, forward passes per text an
 speed-up over the baseline sampler of the same block size. Optionally the PaDeLLM model
 (en-conll03) is scored on the same texts for reference.
 
-Usage: python benchmarks/fast_dllm.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
+Usage: python benchmarks/fast_dllm.py [--limit N] [--json PATH] [--model FOLDER] [--data FILE]
        [--block-sizes 4,8,16] [--thresholds 0.7,0.8,0.9,0.95]
 """
 
@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import benchmark_parser, print_table, write_json  # noqa: E402
+from benchmarks.reporting import benchmark_parser, print_table, require_model, write_json  # noqa: E402
 from general_decoding.diffusion import (  # noqa: E402
     BlockDiffusionSampler,
     FactorUnmasking,
@@ -39,6 +39,7 @@ from training.evaluate import evaluate_engine, span_f1  # noqa: E402
 BLOCK_SIZES = (4, 8, 16)
 THRESHOLDS = (0.7, 0.8, 0.9, 0.95)
 FACTOR = 1.0
+RECIPE = "en-conll03-diffusion"
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,14 @@ def plot(path: Path, results: list[dict], reference_f1: float | None, title: str
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__, "fast_dllm", 200, model="en-conll03-diffusion", model_help="a diffusion NER model (train-diffusion)")
+    parser = benchmark_parser(__doc__, "fast_dllm", 200, model=f"runs/{RECIPE}",
+                              model_help=f"a diffusion NER model, from padellm-ner train --recipe {RECIPE} or train-diffusion")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--padellm", default="en-conll03", help="PaDeLLM model scored on the same texts ('' to skip)")
     parser.add_argument("--block-sizes", default=",".join(map(str, BLOCK_SIZES)))
     parser.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
     args = parser.parse_args()
+    require_model("fast_dllm", args.model, RECIPE)
 
     engine = NEREngine.load(args.model)
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]

@@ -2,11 +2,12 @@
 
 Four tasks on CoNLL-03 dev sentences: (a) ``ar_ner``, the shipped model's AR query;
 (b) ``mention``, a PaDeLLM mention query; (c) ``continuation``, free continuation of the
-sentence by the SmolLM2 base; (d) ``engine``, the whole PaDeLLM engine with the decoder as
-its decoder (identical: the same entities). Per decoder and task: wall-clock speed-up over
-greedy (same prompts, interleaved), tokens per forward, forward passes, and whether every
-output is identical to greedy's. ``--batch-size B`` decodes B sentences' queries as one
-left-padded batch (and B texts per engine call); a decoder of one row at a time is left out.
+sentence by the model's base (SmolLM2; a model that holds its own weights is its own base);
+(d) ``engine``, the whole PaDeLLM engine with the decoder as its decoder (identical: the same
+entities). Per decoder and task: wall-clock speed-up over greedy (same prompts, interleaved),
+tokens per forward, forward passes, and whether every output is identical to greedy's.
+``--batch-size B`` decodes B sentences' queries as one left-padded batch (and B texts per
+engine call); a decoder of one row at a time is left out.
 
 Usage: python benchmarks/general_decoders.py [--limit N] [--batch-size B] [--json PATH] [--model NAME] [--data FILE]
 """
@@ -26,6 +27,7 @@ from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write
 from general_decoding import StopCriteria, get_decoder, left_pad  # noqa: E402
 from ner_service.engine import NEREngine, prompts  # noqa: E402
 from ner_service.engine.model_loading import load_causal_lm  # noqa: E402
+from ner_service.engine.ner_model import SELF_CONTAINED  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 
 DECODERS = ("greedy", "jacobi", "gs_jacobi", "anpd", "lookahead", "copy")
@@ -56,10 +58,11 @@ def main() -> None:
     args = parser.parse_args()
 
     engine = NEREngine.load(args.model)
-    base = load_causal_lm(engine.ner_model.config.base)[0]
+    config = engine.ner_model.config
+    base = engine.ner_model.model if config.base == SELF_CONTAINED else load_causal_lm(config.base)[0]  # a model of its own weights is its base
     models = {"ar": engine.ner_model.model, "mention": engine.ner_model.model, "continuation": base}
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
-    limits = {"ar": engine.ner_model.config.max_ar_tokens, "mention": engine.ner_model.config.max_mention_tokens,
+    limits = {"ar": config.max_ar_tokens, "mention": config.max_mention_tokens,
               "continuation": CONTINUATION_TOKENS}
     decoders = {name: get_decoder(name) for name in DECODERS}
     decoders = {name: d for name, d in decoders.items() if args.batch_size == 1 or d.supports_batch}

@@ -19,19 +19,21 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, print_table, require_model, write_json  # noqa: E402
 from general_decoding import get_decoder  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
 
+RECIPE = "en-conll03-lud"
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__, "lud", limit=100, limit_help="dev sentences", model="runs/en-conll03-lud",
-                              model_help="the LUD model, from padellm-ner train-lud (name or folder)")
+    parser = benchmark_parser(__doc__, "lud", limit=100, limit_help="dev sentences", model=f"runs/{RECIPE}",
+                              model_help=f"the LUD model, from padellm-ner train --recipe {RECIPE} or train-lud (name or folder)")
     parser.add_argument("--threshold", type=float, default=0.9, help="placeholder confidence that extends a unit")
     args = parser.parse_args()
+    require_model("lud", args.model, RECIPE)
 
     lud = NEREngine.load(args.model)
     reference = NEREngine.load(lud.ner_model.config.base)

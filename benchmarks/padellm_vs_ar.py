@@ -10,7 +10,7 @@ noise hits them alike, at each batch size of ``--batch-sizes`` (default 1 and 16
 * ``padellm_copy``: copy-drafted answers, no speculation (the engine's default on a CPU);
 * ``padellm_speculating``: copy drafting, the mention queries of a count of 1 speculated in
   the prefix forward, and each known mention token followed by the text it is copied from
-  (``speculated_counts=(1,)``, the default on a GPU; ``ner_service/engine/branches.py``);
+  (``speculated_counts=(1,)``, the default on a GPU; ``ner_service/engine/engine.py``);
 * ``padellm_reencode`` (batch 1 only): PaDeLLM re-encoding the text for every query, the
   reference implementation's way (:mod:`benchmarks.reencoding`).
 
@@ -26,7 +26,6 @@ Usage: python benchmarks/padellm_vs_ar.py [--limit N] [--json PATH] [--model NAM
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field

@@ -16,7 +16,7 @@ from general_decoding import Decoder, Generation, StopCriteria, TokenConstraint,
 from general_decoding.base import position_ids_from_mask
 from ner_service.engine import NEREngine, prompts
 from ner_service.engine.chunking import Window
-from ner_service.engine.decoding import GroupInputs, batches, count_generation, decode_groups
+from ner_service.engine.group_decoding import GroupInputs, batches, count_generation, decode_groups
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.queries import Branch
 from ner_service.engine.results import ExtractionStats
@@ -46,7 +46,7 @@ class ReencodingRunner:
         if constraints and not decoder.supports_constraints:
             decoder = get_decoder("greedy")
         stop = StopCriteria(max_new_tokens, self.ner_model.stop_token_ids)
-        rows = [self.prefixes[b.window] + b.tokens for b in branches]
+        rows = [self.prefixes[b.window_index] + b.tokens for b in branches]
 
         def inputs(group: list[int]) -> GroupInputs:
             ids, mask = left_pad([rows[r] for r in group], self.ner_model.pad_token_id)

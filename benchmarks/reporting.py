@@ -1,11 +1,13 @@
-"""Options, table, JSON and PNG output shared by the benchmark scripts."""
+"""Options, one-line failures, table, JSON and PNG output shared by the benchmark scripts."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 CONLL_DEV = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "conll2003" / "dev.txt"
 
@@ -20,6 +22,27 @@ def benchmark_parser(doc: str | None, name: str, limit: int, limit_help: str = "
     parser.add_argument("--model", default=model, help=model_help)
     parser.add_argument("--data", default=str(CONLL_DEV))
     return parser
+
+
+def fail(script: str, message: str) -> NoReturn:
+    """End the benchmark with one line on stderr and status 2: a missing prerequisite or a wait
+    that ran out is said plainly, not as a traceback."""
+    print(f"{script}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def require_model(script: str, model: str, recipe: str) -> None:
+    """Go on only if ``model`` names an NER model (a shipped name or a folder); otherwise
+    :func:`fail`, naming the recipe that builds it (``padellm-ner train --recipe`` writes
+    ``runs/RECIPE``)."""
+    from ner_service.engine import ModelNotFoundError
+    from ner_service.engine.ner_model import resolve_ner_model
+
+    try:
+        resolve_ner_model(model)
+    except ModelNotFoundError:
+        fail(script, f"model {model!r} not found ({recipe} does not ship): build it with "
+                     f"`padellm-ner train --recipe {recipe}`, which writes runs/{recipe}, or give --model FOLDER")
 
 
 def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:

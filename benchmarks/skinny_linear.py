@@ -48,7 +48,7 @@ def main() -> None:
                     use_skinny_linear(model, enabled=skinny)
                     cache = select_rows(cached, [0])  # a fresh copy: the forward extends it
                     began = time.perf_counter()
-                    model(input_ids=fed, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=width)
+                    model(input_ids=fed, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=width)
                     seconds[name, width].append(time.perf_counter() - began)
     use_skinny_linear(model)
     median = {key: 1000 * statistics.median(values) for key, values in seconds.items()}

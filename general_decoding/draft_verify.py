@@ -63,7 +63,7 @@ def prefill(model: PreTrainedModel, inputs: DecodeInputs, cache: Cache) -> list[
     states = [RowState(list(c) + ids[keep].tolist()) for c, ids, keep in zip(contexts, input_ids.cpu(), new_columns.cpu())]
     positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1]:]
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
+                cache=cache, use_cache=True, logits_to_keep=1)
     logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
     first = choose(logprobs.clone() if inputs.constraints else logprobs, inputs.constraints, range(len(states)), [[] for _ in states])
     for state, token, lp in zip(states, first.tolist(), logprobs.gather(-1, first[:, None])[:, 0].tolist()):
@@ -227,7 +227,7 @@ class DraftVerifyDecoder(Decoder):
                                known.sum(-1, keepdim=True) + torch.arange(width, device=mask.device)], dim=1)
         past = cache.get_seq_length()
         logits = model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
-                       past_key_values=cache, use_cache=True, logits_to_keep=width + 1).logits
+                       cache=cache, use_cache=True, logits_to_keep=width + 1).logits
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         predictions = self._choose(logprobs, live, [states[r] for r in live], drafts, constraints)
         chosen = logprobs.gather(-1, predictions[..., None])[..., 0]

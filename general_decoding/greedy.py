@@ -37,7 +37,7 @@ class GreedyDecoder(Decoder):
                 input_ids=step_ids,
                 attention_mask=attention_mask,
                 position_ids=positions,
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
                 logits_to_keep=1,
             )

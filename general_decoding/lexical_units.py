@@ -71,7 +71,7 @@ class LexicalUnitDecoder(Decoder):
             full_mask = torch.cat([mask, block], dim=1)
             positions = position_ids_from_mask(full_mask)[:, -ids.shape[1]:]
             past = cache.get_seq_length()
-            logits = model(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
+            logits = model(input_ids=ids, attention_mask=full_mask, position_ids=positions, cache=cache,
                            use_cache=True, logits_to_keep=self.unit_size).logits
             forwards += 1
             probs = torch.softmax(logits.float(), dim=-1)

@@ -70,7 +70,7 @@ class LookaheadDecoder(Decoder):
             base = int(mask.sum())
             pos = torch.tensor([[base + o for o in offsets]], device=device)
             logits = model(input_ids=torch.tensor([ids], device=device), attention_mask=bias, position_ids=pos,
-                           past_key_values=cache, use_cache=True).logits[0]
+                           cache=cache, use_cache=True).logits[0]
             forwards += 1
             step_lp = torch.log_softmax(logits.float(), dim=-1)
             predicted = step_lp.argmax(-1).tolist()

@@ -43,7 +43,7 @@ class _SharedSequence:
         bias = torch.zeros(1, 1, *allowed.shape, dtype=self.dtype, device=ids.device)
         bias.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
         logits = self.model(
-            input_ids=ids[None], attention_mask=bias, position_ids=positions[None], past_key_values=self.cache,
+            input_ids=ids[None], attention_mask=bias, position_ids=positions[None], cache=self.cache,
             use_cache=True, logits_to_keep=keep,
         ).logits[0]
         self.visible = torch.cat([self.visible, branch_sees_new], dim=1)
@@ -83,7 +83,7 @@ class OneSequenceDecoder(Decoder):
                 ends[row] = end
         ancestors = ancestor_mask(node_parents).to(device)
         # each node sees the cached columns of its group (those of the group's first row)
-        first_row = torch.tensor([members[0] for members, (ids, _, _) in zip(groups.values(), tries) for _ in ids], device=device)
+        first_row = torch.tensor([members[0] for members, trie in zip(groups.values(), tries) for _ in trie.ids], device=device)
         starts = visible.sum(1)
         positions = starts[first_row] + ancestors.sum(1) - 1
         ends_t = torch.tensor(ends, device=device)

@@ -9,10 +9,30 @@ branches of one text in one forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 PREFIX = -1
+
+
+class Trie(NamedTuple):
+    """Token sequences merged where they begin alike (:func:`build_trie`): the nodes' token ids,
+    each node's parent (-1 for a first token, parents before children) and the node each
+    sequence ends at."""
+
+    ids: list[int]
+    parents: list[int]
+    ends: list[int]
+
+
+class JoinedTries(NamedTuple):
+    """Tries laid one after another in one node list (:func:`join_tries`): the node ids, their
+    parents (renumbered; -1 still marks a first token) and each trie's sequence ends."""
+
+    ids: list[int]
+    parents: list[int]
+    ends: list[list[int]]
 
 
 @dataclass(frozen=True)
@@ -64,13 +84,12 @@ def collate_trees(
     return input_ids, position_ids, mask
 
 
-def chain_with_trie(prefix: list[int], trie: tuple[list[int], list[int], list[int]]) -> tuple[list[int], list[int]]:
+def chain_with_trie(prefix: list[int], trie: Trie) -> tuple[list[int], list[int]]:
     """One tree ``(input_ids, parents)``: ``prefix`` as a chain, then a trie from :func:`build_trie`
     whose first tokens follow the prefix's last token."""
-    trie_ids, trie_parents, _ = trie
     offset = len(prefix)
-    parents = list(range(-1, offset - 1)) + [p + offset if p >= 0 else offset - 1 for p in trie_parents]
-    return list(prefix) + list(trie_ids), parents
+    parents = list(range(-1, offset - 1)) + [p + offset if p >= 0 else offset - 1 for p in trie.parents]
+    return list(prefix) + list(trie.ids), parents
 
 
 def collate_forest_rows(
@@ -143,10 +162,9 @@ def collate_parent_trees(
     return ids, positions, mask
 
 
-def build_trie(sequences: list[list[int]]) -> tuple[list[int], list[int], list[int]]:
-    """Merge token sequences that share a beginning into one trie: its nodes' token ids, each
-    node's parent (-1 for a first token), and the node each sequence ends at. Feeding the
-    nodes under :func:`ancestor_mask` computes every sequence at once, shared tokens once."""
+def build_trie(sequences: list[list[int]]) -> Trie:
+    """Merge token sequences that share a beginning into one :class:`Trie`. Feeding its nodes
+    under :func:`ancestor_mask` computes every sequence at once, shared tokens once."""
     ids: list[int] = []
     parents: list[int] = []
     index: dict[tuple[int, int], int] = {}
@@ -162,12 +180,11 @@ def build_trie(sequences: list[list[int]]) -> tuple[list[int], list[int], list[i
                 parents.append(node)
             node = index[node, token]
         ends.append(node)
-    return ids, parents, ends
+    return Trie(ids, parents, ends)
 
 
-def join_tries(tries: list[tuple[list[int], list[int], list[int]]]) -> tuple[list[int], list[int], list[list[int]]]:
-    """Lay tries from :func:`build_trie` one after another in one node list: the node ids, the
-    parents (renumbered; -1 still marks a first token) and each trie's sequence ends."""
+def join_tries(tries: list[Trie]) -> JoinedTries:
+    """Lay tries from :func:`build_trie` one after another in one node list."""
     ids: list[int] = []
     parents: list[int] = []
     ends: list[list[int]] = []
@@ -176,7 +193,7 @@ def join_tries(tries: list[tuple[list[int], list[int], list[int]]]) -> tuple[lis
         ids += trie_ids
         parents += [p + offset if p >= 0 else -1 for p in trie_parents]
         ends.append([end + offset for end in trie_ends])
-    return ids, parents, ends
+    return JoinedTries(ids, parents, ends)
 
 
 def ancestor_mask(parents: list[int]) -> torch.Tensor:

@@ -32,14 +32,15 @@ class Settings(BaseSettings):
     ner_batch_wait_max_ms: float = 250.0  # ... but never longer than this
     ner_batch_max_texts: int = 16
     ner_queue_max: int = 256  # texts admitted and not answered yet
-    ner_max_request_tokens: int = 8192  # estimated tokens of work one request may hold (413 above)
+    ner_max_request_tokens: int = 8192  # estimated tokens of work one request may hold (413 above; white space is nearly free)
     ner_admission_fraction: float = 0.8  # admit while the work ahead fits this fraction of NER_REQUEST_TIMEOUT_S (else 429)
-    ner_prior_ms_per_token: float = 5.0  # the engine's rate assumed until the first batch is measured
+    ner_prior_ms_per_token: float = 50.0  # the engine's rate assumed until a call is measured: pessimistic (shed, not time out)
     ner_fixed_ms_per_token: float = 0.0  # > 0: admission assumes this rate and never measures it (0: the measured rate)
     ner_long_text_tokens: int = 160  # a text of more estimated tokens is cut into pieces that interleave with other requests
     ner_piece_tokens: int = 64  # ... of at most this many
     ner_batch_split_tokens: int = 64  # the pieces of long texts one batch may hold
     ner_auth_failures_per_minute: int = 10  # wrong or missing keys from one address before 429
+    ner_trusted_proxies: str = ""  # comma-separated IPs/CIDRs of reverse proxies whose X-Forwarded-For is believed (empty: none)
     # pipeline
     database_url: str = "sqlite:///./padellm_ner.db"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -48,6 +49,10 @@ class Settings(BaseSettings):
     reprocess_on_model_change: bool = False
     pipeline_migrate_on_start: bool = True  # the API upgrades the schema when it starts (k8s: a migrate Job does, so false)
     pipeline_visibility_timeout_s: int = 3600  # unacknowledged chunks are redelivered (and stalled jobs requeued) after this
+    pipeline_enqueue_retry_s: int = 30  # beat enqueues a stored job that was never handed to Redis after this (and checks this often)
+    redis_timeout_s: float = 5.0  # a Redis connect, command or publish slower than this fails (broker, results, /readyz)
+    database_connect_timeout_s: float = 10.0  # connecting to PostgreSQL
+    database_statement_timeout_s: float = 60.0  # PostgreSQL statement_timeout; SQLite's wait for a lock
     # logging
     log_level: str = "INFO"
 

@@ -17,7 +17,8 @@ from spacy.language import Language
 from spacy.tokens import Doc, Span
 from spacy.util import filter_spans, minibatch
 
-from ner_service.engine import EnginePool, Extraction, ExtractOptions, default_model_for_language, options_from
+from ner_service.engine import EnginePool, Extraction, ExtractOptions, default_model_for_language
+from ner_service.engine.options import refuse_renamed
 
 FACTORY = "padellm_ner"
 SCORE_EXTENSION = "padellm_score"
@@ -36,24 +37,25 @@ class PaDeLLMNER:
     components of the same model share its weights."""
 
     def __init__(self, nlp: Language, name: str, model: str, labels: list[str] | None, strategy: str | None, decoder: str | None,
-                 batch_size: int, backend: str | None = None) -> None:
+                 batch_size: int) -> None:
         self.name = name
-        self.configure(model, labels, strategy, decoder, batch_size, backend)
+        self.configure(model, labels, strategy, decoder, batch_size)
 
     def configure(self, model: str, labels: list[str] | None, strategy: str | None = None, decoder: str | None = None,
-                  batch_size: int = 16, backend: str | None = None) -> None:
-        """Validate and set the options (against ``ner_model.json``; weights load on first use).
-        ``backend``, and a strategy's name given as ``decoder``, are the options' old names."""
+                  batch_size: int = 16) -> None:
+        """Validate and set the options (:meth:`EnginePool.options`, against ``ner_model.json``;
+        weights load on first use)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
         self.pool = EnginePool.shared()
-        self.options: ExtractOptions = options_from(model, labels, strategy, decoder, backend).validated(self.pool.config(model))
+        self.options: ExtractOptions = self.pool.options(model, labels=labels, strategy=strategy, decoder=decoder)
+        self.configured_labels = labels  # as given (None: all of the model's labels), for to_disk
         self.batch_size = batch_size
 
     @property
     def labels(self) -> tuple[str, ...]:
         """The labels this component predicts (spaCy lists them in the pipeline's meta)."""
-        return self.options.labels or tuple(self.pool.config(self.options.model).labels)
+        return self.options.labels or ()
 
     def __call__(self, doc: Doc) -> Doc:
         return next(self.pipe([doc]))
@@ -89,32 +91,31 @@ class PaDeLLMNER:
         """Write the options as a small JSON file (the model itself is shipped with the package)."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        labels = list(self.options.labels) if self.options.labels is not None else None
+        labels = list(self.configured_labels) if self.configured_labels is not None else None
         options = {"model": self.options.model, "labels": labels, "strategy": self.options.strategy, "decoder": self.options.decoder,
                    "batch_size": self.batch_size}
         (folder / CONFIG_FILE).write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
 
     def from_disk(self, path: str | Path, *, exclude: Iterable[str] = ()) -> "PaDeLLMNER":
-        """Read the options written by :meth:`to_disk` (files of older versions too)."""
+        """Read the options written by :meth:`to_disk` (an old option name is a ``ValueError``
+        naming the new one)."""
         options = json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))
+        refuse_renamed(options, where=f" in {CONFIG_FILE}")
         self.configure(**options)
         return self
 
 
 @Language.factory(
     FACTORY,
-    default_config={"model": AUTO_MODEL, "labels": None, "strategy": None, "decoder": None, "batch_size": 16, "backend": None},
+    default_config={"model": AUTO_MODEL, "labels": None, "strategy": None, "decoder": None, "batch_size": 16},
     assigns=["doc.ents"],
 )
 def make_padellm_ner(
-    nlp: Language, name: str, model: str, labels: list[str] | None, strategy: str | None, decoder: str | None, batch_size: int,
-    backend: str | None
+    nlp: Language, name: str, model: str, labels: list[str] | None, strategy: str | None, decoder: str | None, batch_size: int
 ) -> PaDeLLMNER:
     """spaCy factory of :class:`PaDeLLMNER` (config: model, labels, strategy (default
-    ``padellm``), decoder (default ``copy``), batch_size;
-    ``backend`` is the old name of ``decoder``, and a strategy's name in ``decoder`` is read as the
-    strategy); model ``"auto"`` is the shipped default for the pipeline's language
-    (``spacy.blank("zh")`` → zh-resume)."""
+    ``padellm``), decoder (default ``copy``), batch_size); model ``"auto"`` is the shipped
+    default for the pipeline's language (``spacy.blank("zh")`` → zh-resume)."""
     if model == AUTO_MODEL:
         model = default_model_for_language(nlp.lang)
-    return PaDeLLMNER(nlp, name, model, labels, strategy, decoder, batch_size, backend)
+    return PaDeLLMNER(nlp, name, model, labels, strategy, decoder, batch_size)

@@ -8,14 +8,31 @@ import importlib
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from general_decoding import available_decoders
-
-#: Modules that add sub-commands: each defines ``register(subparsers)``.
+#: Modules that add sub-commands: each defines ``register(subparsers)``, whose ``add_parser``
+#: takes ``options=``, a function adding the sub-command's options when it is called (:class:`CommandParser`).
 COMMAND_MODULES: list[str] = [
     "pipeline.cli", "padellm_ner.serve", "training.train_cli", "training.diffusion_cli", "training.char_cli", "training.lud_cli",
 ]
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser that adds its options (``options``, a function of the parser) when it
+    first parses. Every command imports what it needs when it runs, and a sub-command whose
+    options need torch to be described (the decoders and strategies of ``extract``) adds them
+    only when it is called: ``padellm-ner --help``, ``models`` or ``recipes`` do not load torch."""
+
+    def __init__(self, *args: Any, options: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._add_options = options
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        if self._add_options is not None:
+            add, self._add_options = self._add_options, None
+            add(self)
+        return super().parse_known_args(args, namespace)
 
 
 def _engine(args: argparse.Namespace):
@@ -28,22 +45,23 @@ def _engine(args: argparse.Namespace):
 
 
 def _options(args: argparse.Namespace):
-    """The run's :class:`ExtractOptions`, validated against the model (old flag names included)."""
-    from ner_service.engine import NERModelConfig, options_from
+    """The run's :class:`ExtractOptions`, validated against the model."""
+    from ner_service.engine import ExtractOptions, NERModelConfig
     from ner_service.engine.ner_model import resolve_ner_model
 
-    options = options_from(args.model, _labels(args), args.strategy, args.decoder, args.backend)
+    labels = _labels(args)
+    options = ExtractOptions(args.model, tuple(labels) if labels is not None else None, args.strategy, args.decoder)
     return options.validated(NERModelConfig.read(resolve_ner_model(args.model)))
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    from general_decoding import available_decoders
     from ner_service.engine import DEFAULT_DECODER, DEFAULT_MODEL, DEFAULT_STRATEGY, available_strategies
 
     parser.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
     parser.add_argument("--strategy", default=None, help=f"how the model is asked (default {DEFAULT_STRATEGY}): {', '.join(available_strategies())}")
     parser.add_argument("--decoder", default=None, help=f"how the answers' tokens are produced (default {DEFAULT_DECODER}): "
-                                                        f"{', '.join(available_decoders())}; a strategy's name here is read as --strategy (its old name)")
-    parser.add_argument("--backend", default=None, help=argparse.SUPPRESS)  # the old name of --decoder
+                                                        f"{', '.join(available_decoders())}")
     parser.add_argument("--labels", default=None, help="comma-separated subset of the model's labels")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -63,7 +81,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     options = _options(args)
     engine = _engine(args)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
-    results = engine.extract(texts, labels=options.labels, strategy=options.strategy, decoder=options.decoder)
+    results = engine.extract_with(options, texts)
     payload = [{"text": text, **result.to_dict()} for text, result in zip(texts, results)]
     print(json.dumps(payload if len(payload) != 1 else payload[0], ensure_ascii=False, indent=2))
     return 0
@@ -78,14 +96,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     engine = _engine(args)
     report = evaluate_engine(engine, examples, strategy=options.strategy, decoder=options.decoder, batch_size=args.batch_size, labels=options.labels)
     report["model"] = engine.name
+    breakdown = None
+    if args.errors:
+        from training.error_analysis import padellm_errors
+
+        breakdown = padellm_errors(engine, examples, options, batch_size=max(args.batch_size, 16))
+        report["errors"] = breakdown.to_dict()
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
-    else:
-        print(f"{engine.name} {options.strategy}/{options.decoder}: micro-F1 {report['micro_f1']:.2f} "
-              f"(P {report['precision']:.2f}, R {report['recall']:.2f}) on {report['n_sentences']} texts; "
-              f"latency mean {report['latency_ms']['mean']:.0f} ms per batch of {args.batch_size}")
-        for label, s in report["per_label"].items():
-            print(f"  {label:>10}: P {s['precision']:6.2f}  R {s['recall']:6.2f}  F1 {s['f1']:6.2f}")
+        return 0
+    print(f"{engine.name} {options.strategy}/{options.decoder}: micro-F1 {report['micro_f1']:.2f} "
+          f"(P {report['precision']:.2f}, R {report['recall']:.2f}) on {report['n_sentences']} texts; "
+          f"latency mean {report['latency_ms']['mean']:.0f} ms per batch of {args.batch_size}")
+    for label, s in report["per_label"].items():
+        print(f"  {label:>10}: P {s['precision']:6.2f}  R {s['recall']:6.2f}  F1 {s['f1']:6.2f}")
+    if breakdown is not None:
+        print(breakdown.table())
     return 0
 
 
@@ -101,22 +127,31 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="padellm-ner", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    extract = sub.add_parser("extract", help="print the entities of TEXT (or of each stdin line) as JSON")
+def _extract_options(extract: argparse.ArgumentParser) -> None:
     extract.add_argument("text", nargs="*")
     _add_engine_options(extract)
-    extract.set_defaults(func=cmd_extract)
 
-    evaluate = sub.add_parser("evaluate", help="span micro-F1 and latency on a corpus file")
+
+def _evaluate_options(evaluate: argparse.ArgumentParser) -> None:
     evaluate.add_argument("path")
     evaluate.add_argument("--limit", type=int, default=None)
     evaluate.add_argument("--batch-size", type=int, default=1)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
+    evaluate.add_argument("--errors", action="store_true",
+                          help="then run again, putting each missed and false entity down to its cause: the label's count, "
+                               "a boundary, another label, or the mention its query named (the padellm strategy)")
     _add_engine_options(evaluate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(prog="padellm-ner", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    extract = sub.add_parser("extract", help="print the entities of TEXT (or of each stdin line) as JSON", options=_extract_options)
+    extract.set_defaults(func=cmd_extract)
+
+    evaluate = sub.add_parser("evaluate", help="span micro-F1 and latency on a corpus file", options=_evaluate_options)
     evaluate.set_defaults(func=cmd_evaluate)
 
     models = sub.add_parser("models", help="list the shipped models")
@@ -133,13 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from corpora import DataFormatError
-    from general_decoding import UnknownDecoderError
-    from ner_service.engine import ModelNotFoundError, UnknownLabelError
+    from ner_service.engine.model_loading import ModelNotFoundError
 
     try:
         return args.func(args)
-    except (ModelNotFoundError, UnknownLabelError, UnknownDecoderError, DataFormatError, ValueError) as error:
+    except (ModelNotFoundError, ValueError) as error:  # an unknown label, decoder or strategy, or bad data, is a ValueError
         print(f"padellm-ner: error: {error}", file=sys.stderr)
         return 2
 

@@ -10,7 +10,8 @@ import uvicorn
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve :func:`padellm_ner.asgi.create_app` (settings from the environment; ``--model`` sets
-    ``NER_MODEL``, checked before the server starts)."""
+    ``NER_MODEL``, checked before the server starts). uvicorn neither reads proxy headers (the app
+    does, from ``NER_TRUSTED_PROXIES`` only) nor configures logging (the app logs JSON lines)."""
     if args.model:
         from ner_service.engine.ner_model import resolve_ner_model
 
@@ -18,7 +19,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["NER_MODEL"] = args.model
     uvicorn.run(
         "padellm_ner.asgi:create_app", factory=True, host=args.host, port=args.port, workers=args.workers,
-        proxy_headers=True, forwarded_allow_ips=args.forwarded_allow_ips, access_log=False,
+        proxy_headers=False, log_config=None, access_log=False,
     )
     return 0
 
@@ -31,5 +32,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--model", default=None, help="the default model: a shipped name or a folder with ner_model.json, "
                                                      "e.g. one written by padellm-ner train (default: NER_MODEL, else en-conll03)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (each loads the model and batches on its own)")
-    serve.add_argument("--forwarded-allow-ips", default="127.0.0.1", help="proxies whose X-Forwarded-For is trusted (client IPs for the dev-mode rate limit)")
     serve.set_defaults(func=cmd_serve)

@@ -1,13 +1,11 @@
-"""``padellm-ner ingest FILE`` and ``padellm-ner jobs run|status``: the pipeline without a
-broker (SQLite by default; the schema is upgraded first)."""
+"""``padellm-ner ingest FILE`` and ``padellm-ner jobs run|status|results``: the pipeline
+without a broker (SQLite by default; the schema is upgraded first)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-
-from pipeline.ingest import FORMATS
 
 
 def _sessions():
@@ -18,13 +16,17 @@ def _sessions():
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from pipeline.crud import add_documents
+    """Print each document's id (the one the API's ``/documents/{id}`` routes take), one a line
+    in the file's order, and the count on stderr."""
+    from pipeline.crud import add_documents, public_ids_of
     from pipeline.ingest import read_documents
 
     documents = read_documents(args.file, args.format, source=args.source, language=args.language)
     with _sessions().begin() as session:  # one transaction: a conflict stores nothing
-        ids = add_documents(session, documents)
-    print(f"ingested {len(ids)} documents from {args.file} (ids {min(ids)}..{max(ids)})" if ids else f"no documents in {args.file}")
+        ids = public_ids_of(session, add_documents(session, documents))
+    for public_id in ids:
+        print(public_id)
+    print(f"ingested {len(ids)} documents from {args.file}", file=sys.stderr)
     return 0
 
 
@@ -58,19 +60,28 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job_reference(job_id: str) -> int | str:
+    """A job's row number (digits) or its id, as ``jobs status`` lists them."""
+    return int(job_id) if job_id.isdigit() else job_id
+
+
+def _unknown_job(error: LookupError) -> int:
+    print(f"padellm-ner: error: {error}", file=sys.stderr)
+    return 2
+
+
 def cmd_jobs_status(args: argparse.Namespace) -> int:
-    from pipeline.crud import UnknownJobError, job_status, recent_jobs
+    from pipeline.crud import UnknownJobError, find_job, recent_jobs
+    from pipeline.schemas import JobOut
 
     with _sessions()() as session:
         if args.job_id is not None:
             try:
-                reference = int(args.job_id) if args.job_id.isdigit() else args.job_id
-                print(json.dumps(job_status(session, reference), indent=2))
+                print(json.dumps(JobOut.of(find_job(session, _job_reference(args.job_id))).model_dump(mode="json"), indent=2))
             except UnknownJobError as error:
-                print(f"padellm-ner: error: {error}", file=sys.stderr)
-                return 2
+                return _unknown_job(error)
             return 0
-        jobs = recent_jobs(session)
+        jobs = [JobOut.of(job).model_dump(mode="json") for job in recent_jobs(session)]
     if not jobs:
         print("no jobs")
     for job in jobs:
@@ -79,13 +90,37 @@ def cmd_jobs_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``ingest`` and ``jobs`` to the ``padellm-ner`` command line."""
-    ingest = subparsers.add_parser("ingest", help="store the documents of FILE (JSONL, plain text or CoNLL) for batch jobs")
+def cmd_jobs_results(args: argparse.Namespace) -> int:
+    """One JSON line per document of the job: its id, external id, status and entities (the
+    shape of the API's ``GET /v1/documents/{id}/entities``)."""
+    from pipeline.crud import UnknownJobError, job_results
+    from pipeline.schemas import DocumentEntitiesOut
+
+    with _sessions()() as session:
+        try:
+            results = [DocumentEntitiesOut.of(found).model_dump(mode="json") for found in job_results(session, _job_reference(args.job_id))]
+        except UnknownJobError as error:
+            return _unknown_job(error)
+    for result in results:
+        print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
+def _ingest_options(ingest: argparse.ArgumentParser) -> None:
+    from pipeline.ingest import FORMATS  # pipeline.ingest loads the schemas (and torch): only for ingest itself
+
     ingest.add_argument("file")
     ingest.add_argument("--source", default=None, help="source recorded with each document (default: the file name)")
     ingest.add_argument("--language", default=None)
     ingest.add_argument("--format", choices=FORMATS, default="auto")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``ingest`` and ``jobs`` to the ``padellm-ner`` command line."""
+    from ner_service.engine.defaults import DEFAULT_STRATEGY  # torch-free
+
+    ingest = subparsers.add_parser("ingest", help="store the documents of FILE (JSONL, plain text or CoNLL) for batch jobs; "
+                                                  "prints each document's id, one a line", options=_ingest_options)
     ingest.set_defaults(func=cmd_ingest)
 
     jobs = subparsers.add_parser("jobs", help="run or inspect batch jobs")
@@ -93,9 +128,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = actions.add_parser("run", help="process pending documents in this process (no broker needed)")
     run.add_argument("--limit", type=int, default=None, help="at most N documents")
     run.add_argument("--chunk-size", type=int, default=None, help="documents per engine call (default: PIPELINE_CHUNK_SIZE)")
-    run.add_argument("--strategy", "--decoder", dest="strategy", default="padellm",
-                     help="how the model is asked: padellm, ar or fast_dllm (--decoder: its old name)")
+    run.add_argument("--strategy", default=DEFAULT_STRATEGY, help="how the model is asked: padellm (the default), ar or fast_dllm")
     run.set_defaults(func=cmd_jobs_run)
     status = actions.add_parser("status", help="one job's status (JSON), or the latest jobs")
     status.add_argument("job_id", nargs="?", help="a job's id (as the API and the list show it) or row number")
     status.set_defaults(func=cmd_jobs_status)
+    results = actions.add_parser("results", help="the entities of each document of a job, one JSON line per document")
+    results.add_argument("job_id", help="a job's id (as the API and the list show it) or row number")
+    results.set_defaults(func=cmd_jobs_results)

@@ -1,12 +1,14 @@
 """Engines, sessions and schema upgrades for the database named by ``DATABASE_URL``
-(SQLite by default, with foreign keys and WAL; PostgreSQL through psycopg 3)."""
+(SQLite by default, with foreign keys and WAL; PostgreSQL through psycopg 3). Every call is
+bounded: ``DATABASE_CONNECT_TIMEOUT_S`` to connect (and to wait for a pooled connection),
+``DATABASE_STATEMENT_TIMEOUT_S`` for a PostgreSQL statement or a SQLite lock."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from ner_service.settings import get_settings
@@ -31,17 +33,24 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 
 
 def get_engine(url: str | None = None) -> Engine:
-    """The (cached) SQLAlchemy engine for ``url`` (default: ``DATABASE_URL``, read on each call)."""
-    return _engine_for(normalize_url(url or get_settings().database_url))
+    """The (cached) SQLAlchemy engine for ``url`` (default: ``DATABASE_URL``; the URL and the
+    timeouts are read on each call)."""
+    settings = get_settings()
+    return _engine_for(normalize_url(url or settings.database_url), settings.database_connect_timeout_s,
+                       settings.database_statement_timeout_s)
 
 
 @lru_cache(maxsize=8)
-def _engine_for(url: str) -> Engine:
+def _engine_for(url: str, connect_timeout_s: float, statement_timeout_s: float) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(url, connect_args={"timeout": statement_timeout_s, "check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    bounds = {"connect_timeout": max(2, round(connect_timeout_s)),  # libpq's unit is whole seconds, 2 at least
+              "options": f"-c statement_timeout={round(statement_timeout_s * 1000)}"}
+    given = make_url(url).query  # what the URL itself sets wins
+    connect_args = {name: value for name, value in bounds.items() if name not in given}
+    return create_engine(url, pool_pre_ping=True, pool_timeout=connect_timeout_s, connect_args=connect_args)
 
 
 def session_factory(url: str | None = None) -> sessionmaker[Session]:

@@ -73,15 +73,10 @@ def read_text_documents(path: Path, source: str | None, language: str | None) ->
     return documents
 
 
-def read_conll_documents(path: str | Path) -> list[str]:
-    """Texts of a CoNLL column file: its sentences (as :func:`corpora.readers.read_conll` reads
-    them) joined by newlines into one document per ``-DOCSTART-`` section (one per sentence
-    when the file has no ``-DOCSTART-`` lines)."""
-    return [text for _, text in _conll_documents(Path(path))]
-
-
 def _conll_documents(path: Path) -> list[tuple[int, str]]:
-    """``(first line, text)`` of every document of a CoNLL column file."""
+    """``(first line, text)`` of every document of a CoNLL column file: its sentences (as
+    :func:`corpora.readers.read_conll` reads them) joined by newlines into one document per
+    ``-DOCSTART-`` section (one per sentence when the file has no ``-DOCSTART-`` lines)."""
     sentences = [example.text for example in read_conll(path)]
     starts: list[int] = []  # the first line of each document
     sizes: list[int] = []  # sentences per document

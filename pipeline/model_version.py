@@ -8,9 +8,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from ner_service.engine.defaults import DEFAULT_STRATEGY
 from ner_service.engine.ner_model import CONFIG_FILE, resolve_ner_model
-
-DEFAULT_STRATEGY = "padellm"
 
 
 def _hashed_files(folder: Path) -> list[Path]:

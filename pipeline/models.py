@@ -5,8 +5,10 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from ner_service.engine.defaults import DEFAULT_STRATEGY
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -86,12 +88,30 @@ class Job(Base):
     processed: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
     model_version: Mapped[str] = mapped_column(String(128))
-    strategy: Mapped[str] = mapped_column(String(16), default="padellm")
+    strategy: Mapped[str] = mapped_column(String(16), default=DEFAULT_STRATEGY)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)  # last progress
+    # when the job was handed to Redis (or to the process running it); NULL: beat's sweep enqueues it
+    dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class IdempotencyKey(Base):
+    """An ``Idempotency-Key`` an owner sent with ``POST /v1/jobs``: the job it created and what
+    was answered, so that the same request sent again gets that job instead of a copy."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("owner", "key", name="uq_idempotency_keys_owner_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))  # SHA-256 of the request body (canonical JSON)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    document_ids: Mapped[list[str]] = mapped_column(JSON)  # the public ids answered, in the order given
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class JobDocument(Base):

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from ner_service.engine import EnginePool, ExtractOptions, ModelNotFoundError
 from pipeline import crud
 from pipeline.model_version import model_version_of_path, results_version
-from pipeline.models import Document, DocumentResult, DocumentStatus, Job, JobDocument, JobStatus, utcnow
+from pipeline.models import JobStatus
 from pipeline.schemas import text_problem
 
 
@@ -24,6 +23,17 @@ class ChunkOutcome:
 
     processed: int = 0
     failed: int = 0
+
+
+class Found(NamedTuple):
+    """A document's entities, to be stored under the results version ``version``."""
+
+    version: str
+    entities: Sequence[Any]
+
+
+#: What becomes of a document of the chunk: its entities, or the error it fails with.
+DocumentOutcome = Found | str
 
 
 def chunked(items: Sequence[int], size: int) -> list[list[int]]:
@@ -51,23 +61,12 @@ def process_chunk(sessions: sessionmaker[Session], pool: EnginePool, job_id: int
     version. Safe to call again with the same arguments (redelivery): finished documents are skipped."""
     outcome = ChunkOutcome()
     with sessions.begin() as session:
-        # the write comes first so that SQLite takes its write lock before any read
-        session.execute(
-            update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED).values(status=JobStatus.RUNNING, started_at=utcnow(), updated_at=utcnow())
-        )
-        job = session.get(Job, job_id)
-        if job is None:
-            raise crud.UnknownJobError(f"no job {job_id}")
+        job = crud.start_running(session, job_id)
         if job.status not in JobStatus.ACTIVE:
             return outcome
         strategy = job.strategy
-        rows = session.execute(
-            select(Document.id, Document.text, Document.language)
-            .join(JobDocument, JobDocument.document_id == Document.id)
-            .where(JobDocument.job_id == job_id, JobDocument.status == DocumentStatus.PENDING, Document.id.in_(list(document_ids)))
-            .order_by(Document.id)
-        ).all()
-    results: dict[int, tuple[str, Sequence[Any]] | str] = {}  # (results version, entities) or an error
+        rows = crud.pending_documents(session, job_id, document_ids)
+    results: dict[int, DocumentOutcome] = {}
     by_model: dict[str, list[Any]] = {}
     for row in rows:
         try:
@@ -75,30 +74,29 @@ def process_chunk(sessions: sessionmaker[Session], pool: EnginePool, job_id: int
         except ModelNotFoundError as error:
             results[row.id] = str(error)
     for model, model_rows in by_model.items():
-        key = results_version(model_version_of_path(model), strategy)
+        version = results_version(model_version_of_path(model), strategy)
         with sessions() as session:
-            done = set(session.scalars(select(DocumentResult.document_id).where(
-                DocumentResult.model_version == key, DocumentResult.document_id.in_([r.id for r in model_rows]))))
+            done = crud.documents_with_results(session, version, [r.id for r in model_rows])
         to_run = []
         for row in model_rows:
             if row.id in done:
-                results[row.id] = (key, ())  # stored earlier under this version: only the job's count moves
+                results[row.id] = Found(version, ())  # stored earlier under this version: only the job's count moves
             elif problem := text_problem(row.text):
                 results[row.id] = problem
             else:
                 to_run.append(row)
         if to_run:
-            options = ExtractOptions(model, strategy=strategy).validated(pool.config(model))
+            options = pool.options(model, strategy=strategy)
             pool.engine(model)  # a model that cannot load fails the job (not each document)
             for row, entities in zip(to_run, _extract(pool, options, [r.text for r in to_run])):
-                results[row.id] = f"{type(entities).__name__}: {entities}" if isinstance(entities, Exception) else (key, entities)
+                results[row.id] = f"{type(entities).__name__}: {entities}" if isinstance(entities, Exception) else Found(version, entities)
     for row in rows:
         value = results[row.id]
         with sessions.begin() as session:
             if isinstance(value, str):
                 outcome.failed += crud.record_failure(session, job_id, row.id, value)
             else:
-                outcome.processed += crud.record_result(session, job_id, row.id, *value)
+                outcome.processed += crud.record_result(session, job_id, row.id, value.version, value.entities)
     return outcome
 
 

@@ -8,13 +8,14 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from ner_service.engine import EnginePool
+from ner_service.engine.defaults import DEFAULT_STRATEGY
 from pipeline import crud, processing, routing
-from pipeline.model_version import DEFAULT_STRATEGY
+from pipeline.schemas import JobOut
 
 
 def run_job(sessions: sessionmaker[Session], pool: EnginePool, job_id: int, chunk_size: int,
             on_chunk: Callable[[processing.ChunkOutcome], None] | None = None) -> dict:
-    """Process every pending document of a job; returns the job's final status."""
+    """Process every pending document of a job; returns its final status (a :class:`JobOut` as JSON)."""
     with sessions() as session:
         pending = crud.pending_document_ids(session, job_id)
     for chunk in processing.chunked(pending, chunk_size):
@@ -22,7 +23,7 @@ def run_job(sessions: sessionmaker[Session], pool: EnginePool, job_id: int, chun
         if on_chunk:
             on_chunk(outcome)
     with sessions() as session:
-        return crud.job_status(session, job_id)
+        return JobOut.of(crud.find_job(session, job_id)).model_dump(mode="json")
 
 
 def run_pending(sessions: sessionmaker[Session], pool: EnginePool, chunk_size: int, limit: int | None = None,
@@ -36,6 +37,7 @@ def run_pending(sessions: sessionmaker[Session], pool: EnginePool, chunk_size: i
         if not ids:
             return None
         job_id = crud.create_job(session, ids, routing.versions_for(pool, crud.languages_of(session, ids)), strategy).id
+        crud.mark_dispatched(session, job_id)  # this process runs it: beat's sweep must not enqueue it
     if on_start:
         on_start(len(ids))
     return run_job(sessions, pool, job_id, chunk_size, on_chunk)

@@ -3,31 +3,35 @@ JSON shape of a job and of a document's entities wherever the pipeline reports t
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from ner_service.api.schemas import unicode_problem
+from ner_service.api.schemas import ACCEPTABLE, EntityOut, Name, Str, string_problem
+from ner_service.engine.options import refuse_renamed
 from ner_service.settings import get_settings
 
+if TYPE_CHECKING:
+    from pipeline.crud import DocumentEntities
+    from pipeline.models import Job
+
 MAX_DOCUMENTS_PER_REQUEST = 10_000
-Name = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
 def text_problem(text: str) -> str | None:
-    """Why a document's ``text`` cannot be processed (empty, longer than NER_MAX_TEXT_CHARS, NUL
-    characters, an unpaired surrogate), or ``None``: checked at the door (the jobs route, ingest)
-    and again when a job runs."""
+    """Why a document's ``text`` cannot be processed (empty, longer than NER_MAX_TEXT_CHARS, a
+    :func:`string_problem`: a NUL character, an unpaired surrogate), or ``None``: checked at the
+    door (the jobs route, ingest) and again when a job runs."""
     if not text.strip():
         return "empty text"
     limit = get_settings().ner_max_text_chars
     if len(text) > limit:
         return f"text has {len(text)} characters, more than NER_MAX_TEXT_CHARS={limit}"
-    if "\x00" in text:
-        return "text contains NUL characters"
-    return unicode_problem(text)
+    problem = string_problem(text)
+    return None if problem is None else f"text {problem}"
 
 
 class DocumentIn(BaseModel):
@@ -35,9 +39,9 @@ class DocumentIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str
-    external_id: str | None = Field(default=None, min_length=1, max_length=255)
-    language: str | None = Field(default=None, min_length=1, max_length=16)
+    text: Str  # NUL or an unpaired surrogate: the 422 of /v1/entities, word for word
+    external_id: Annotated[str, StringConstraints(min_length=1, max_length=255), ACCEPTABLE] | None = None
+    language: Annotated[str, StringConstraints(min_length=1, max_length=16), ACCEPTABLE] | None = None
 
     @field_validator("text")
     @classmethod
@@ -49,8 +53,7 @@ class DocumentIn(BaseModel):
 
 
 class JobRequest(BaseModel):
-    """Documents inline or by id (exactly one of the two), and the extraction strategy
-    (``decoder``, its old name, is still read)."""
+    """Documents inline or by id (exactly one of the two), and the extraction strategy."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -58,13 +61,24 @@ class JobRequest(BaseModel):
     document_ids: list[UUID] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST,
                                             description="ids of documents stored before (the `document_ids` of an earlier job)")
     strategy: Name | None = Field(default=None, description="how the model is asked: padellm (default), ar or fast_dllm")
-    decoder: Name | None = Field(default=None, deprecated=True, description="the old name of `strategy`")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_renamed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            refuse_renamed(data, {"decoder": "strategy"}, " in a job")
+        return data
 
     @model_validator(mode="after")
     def _one_source(self) -> "JobRequest":
         if (self.documents is None) == (self.document_ids is None):
             raise ValueError('give either "documents" or "document_ids"')
         return self
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the request as parsed (canonical JSON): tells a retry from another request
+        sent under the same ``Idempotency-Key``."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
 
 
 class JobAccepted(BaseModel):
@@ -97,17 +111,12 @@ class JobOut(BaseModel):
     finished_at: datetime | None
     error: str | None
 
-
-class EntityOut(BaseModel):
-    """A stored entity: ``text`` is the document's text from ``start`` to ``end``."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    start: int
-    end: int
-    label: str
-    text: str
-    score: float | None
+    @classmethod
+    def of(cls, job: "Job") -> "JobOut":
+        """A stored job as the API and the command line show it (its public id, its progress)."""
+        progress = round((job.processed + job.failed) / job.total, 4) if job.total else 1.0
+        fields = {name: getattr(job, name) for name in cls.model_fields if name not in ("id", "progress")}
+        return cls.model_validate({**fields, "id": job.public_id, "progress": progress})
 
 
 class DocumentEntitiesOut(BaseModel):
@@ -119,3 +128,10 @@ class DocumentEntitiesOut(BaseModel):
     error: str | None
     model_version: str | None
     entities: list[EntityOut]
+
+    @classmethod
+    def of(cls, found: "DocumentEntities") -> "DocumentEntitiesOut":
+        """A document and its stored entities (:func:`pipeline.crud.document_entities`)."""
+        document = found.document
+        return cls(document_id=document.public_id, external_id=document.external_id, status=document.status, error=document.error,
+                   model_version=found.model_version, entities=[EntityOut.model_validate(e) for e in found.entities])

@@ -1,5 +1,6 @@
-"""Celery tasks: process a chunk of a job, the nightly run and the stalled-job sweep. The engine
-is loaded once per worker process (at pool-process start, else on first use)."""
+"""Celery tasks: process a chunk of a job, the nightly run and the sweeps that enqueue jobs never
+handed to Redis and requeue stalled ones. The engine is loaded once per worker process (at
+pool-process start, else on first use)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from celery.signals import worker_process_init
 from kombu.exceptions import OperationalError as BrokerError
 
 from ner_service.engine import EnginePool
+from ner_service.engine.defaults import DEFAULT_STRATEGY
 from ner_service.settings import get_settings
 from pipeline import crud, processing, routing
 from pipeline.celery_app import app
 from pipeline.db import session_factory
-from pipeline.model_version import DEFAULT_STRATEGY
 from pipeline.models import utcnow
 
 log = logging.getLogger(__name__)
@@ -45,12 +46,17 @@ def _load_engine(**_: object) -> None:
 
 
 def enqueue_job(job_id: int) -> int:
-    """Send the job's pending documents to the workers in chunks; returns the number of chunks."""
+    """Send the job's pending documents to the workers in chunks and record that it was handed
+    over; returns the number of chunks. Raises one of :data:`TRANSIENT` when Redis fails (in the
+    API and beat, also when it does not answer within ``REDIS_TIMEOUT_S``, a few retries)."""
     with session_factory()() as session:
         pending = crud.pending_document_ids(session, job_id)
     chunks = processing.chunked(pending, get_settings().pipeline_chunk_size)
-    for chunk in chunks:
-        process_chunk.apply_async((job_id, chunk))
+    with app.producer_or_acquire() as producer:
+        for chunk in chunks:
+            process_chunk.apply_async((job_id, chunk), producer=producer)
+    with session_factory().begin() as session:
+        crud.mark_dispatched(session, job_id)
     return len(chunks)
 
 
@@ -94,6 +100,19 @@ def nightly() -> int | None:
     job_id = start_job(ids)
     log.info("nightly run: job %s over %d documents", job_id, len(ids))
     return job_id
+
+
+@app.task(name="pipeline.dispatch_undispatched")
+def dispatch_undispatched() -> list[int]:
+    """Enqueue the jobs stored more than ``PIPELINE_ENQUEUE_RETRY_S`` ago and never handed to Redis
+    (it failed or hung when they were submitted, or the API died in between). Beat runs this
+    every ``PIPELINE_ENQUEUE_RETRY_S``, so a failure here is retried then."""
+    cutoff = utcnow() - timedelta(seconds=get_settings().pipeline_enqueue_retry_s)
+    with session_factory()() as session:
+        waiting = crud.undispatched_jobs(session, cutoff)
+    for job_id in waiting:
+        log.warning("job %s was never enqueued; enqueueing %d chunks", job_id, enqueue_job(job_id))
+    return waiting
 
 
 @app.task(name="pipeline.requeue_stalled", autoretry_for=TRANSIENT, retry_backoff=2, max_retries=3)

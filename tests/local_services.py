@@ -1,16 +1,18 @@
 """Throw-away local services for tests and benchmarks: a free loopback port, a private
-redis-server (no persistence) that can be stopped and started again, and the real API app
-under uvicorn."""
+redis-server (no persistence) that can be frozen, stopped and started again, the real API app
+under uvicorn, and Celery workers."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -62,12 +64,37 @@ class PrivateRedis:
             self.process.kill()
             self.process.wait(timeout=30)
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open and go unanswered, as with a hung Redis."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT; nothing if it has ended)."""
+        if self.process:
+            self.process.send_signal(signal.SIGCONT)
+
+
+@dataclass
+class LiveServer:
+    """A running server: its base URL and its process (which a test may kill)."""
+
+    url: str
+    process: subprocess.Popen
+
 
 @contextmanager
 def live_server(env: dict[str, str], log: Path, ready_timeout_s: float = 300.0, serve_args: Sequence[str] | None = None) -> Iterator[str]:
     """Run ``padellm_ner.asgi:create_app`` with ``env`` added to the environment until ``/readyz``
     answers 200; yield its base URL; stop it. Its output goes to ``log`` (quoted when it fails to start).
     With ``serve_args``, the app runs as a user runs it: ``padellm-ner serve`` with these arguments."""
+    with live_server_process(env, log, ready_timeout_s, serve_args) as server:
+        yield server.url
+
+
+@contextmanager
+def live_server_process(env: dict[str, str], log: Path, ready_timeout_s: float = 300.0,
+                        serve_args: Sequence[str] | None = None) -> Iterator[LiveServer]:
+    """:func:`live_server`, yielding the process too."""
     port = free_port()
     command = [sys.executable, "-m", "uvicorn", "padellm_ner.asgi:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)]
     if serve_args is not None:
@@ -89,7 +116,7 @@ def live_server(env: dict[str, str], log: Path, ready_timeout_s: float = 300.0, 
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        yield url
+        yield LiveServer(url, process)
     finally:
         process.terminate()
         try:
@@ -97,3 +124,42 @@ def live_server(env: dict[str, str], log: Path, ready_timeout_s: float = 300.0, 
         except subprocess.TimeoutExpired:  # still answering requests in flight
             process.kill()
             process.wait(timeout=30)
+
+
+class Workers:
+    """Starts ``celery worker`` / ``beat`` subprocesses (each in its own process group) on the tiny
+    model, with ``settings`` added to their environment, and kills them."""
+
+    def __init__(self, database_url: str, redis_url: str, logs: Path, **settings: str) -> None:
+        self.env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "NER_MODEL": "tiny-conll03",
+                    "PIPELINE_CHUNK_SIZE": "4", **settings}
+        self.logs, self.processes = logs, []
+
+    def start(self, *args: str) -> subprocess.Popen:
+        log = (self.logs / f"celery-{len(self.processes)}.log").open("w")
+        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "pipeline.celery_app", *args, "--loglevel=INFO"],
+                                   cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes.append(process)
+        return process
+
+    def worker(self, name: str) -> subprocess.Popen:
+        return self.start("worker", "--pool=prefork", "--concurrency=1", "-n", f"{name}@%h", "--without-gossip", "--without-mingle")
+
+    def beat(self) -> subprocess.Popen:
+        return self.start("beat", "--schedule", str(self.logs / "beat-schedule"))
+
+    @staticmethod
+    def kill(process: subprocess.Popen) -> None:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # the main process and its pool child
+            process.wait(timeout=30)
+
+    def close(self) -> None:
+        for process in self.processes:
+            self.kill(process)
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.logs.glob("celery-*.log")))
+
+    def tail(self) -> str:
+        return "\n".join(p.read_text()[-3000:] for p in sorted(self.logs.glob("celery-*.log")))

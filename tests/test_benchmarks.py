@@ -1,8 +1,12 @@
-"""The benchmark scripts run end to end at a tiny size (tiny model, a few texts)."""
+"""Every benchmark script runs end to end at a tiny size (tiny model, a few texts), as CI runs
+them; a script whose model does not ship ends with one line and status 2."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,20 +15,135 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "ner_service" / "shipped_models" / "tiny-conll03"
+# the local Redis, but not db 13: the pipeline tests flush that one
+BENCH_REDIS = "redis://127.0.0.1:6379/12"
 
 
-def _training_speed(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "training_speed.py"), *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+def _run(script: str, *args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Run ``benchmarks/SCRIPT`` as a user does, from the repository root unless ``cwd`` says otherwise."""
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _report(done: subprocess.CompletedProcess, path: Path) -> dict:
+    """The JSON report of a run that succeeded, with its PNG beside it."""
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert path.with_suffix(".png").is_file()
+    return json.loads(path.read_text())
+
+
+def _one_line_exit(done: subprocess.CompletedProcess) -> str:
+    """The one line a script ended with, status 2 and no traceback."""
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_padellm_vs_ar_times_every_variant_at_each_batch_size(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "padellm_vs_ar.json"
+    report = _report(_run("padellm_vs_ar.py", "--model", "tiny-conll03", "--limit", "2", "--batch-sizes", "1,2",
+                          "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    assert report["n_sentences"] == 2 and {r["batch"] for r in report["results"]} == {1, 2}
+    variants = {r["variant"] for r in report["results"]}
+    assert {"ar_anpd", "padellm_copy", "padellm_greedy"} <= variants
+    assert all(r["ms_per_text"] > 0 and r["identical"] for r in report["results"])
+    assert out.with_name("padellm_vs_ar_phases.png").is_file()
+
+
+def test_general_decoders_are_identical_to_greedy_on_every_task(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "general_decoders.json"
+    report = _report(_run("general_decoders.py", "--model", "tiny-conll03", "--limit", "2",
+                          "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    assert {r["task"] for r in report["results"]} == {"ar_ner", "mention", "continuation", "engine"}
+    assert all(r["identical_to_greedy"] and r["forward_passes"] > 0 for r in report["results"])
+
+
+def test_skinny_linear_times_each_number_of_fed_tokens(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "skinny_linear.json"
+    report = _report(_run("skinny_linear.py", "--model", "tiny-conll03", "--limit", "2",
+                          "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    assert [r["tokens"] for r in report["results"]] == [1, 2, 4, 8, 16, 32]
+    assert all(r["linear_ms"] > 0 and r["skinny_ms"] > 0 for r in report["results"])
+
+
+def test_one_sequence_matches_the_batched_engine_in_every_bucket(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "one_sequence.json"
+    report = _report(_run("one_sequence.py", "--model", "tiny-conll03", "--limit", "1", "--repeats", "1",
+                          "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    assert {r["entities_bucket"] for r in report["results"]} == {"1", "5", "20+"}
+    assert all(r["identical"] for r in report["results"])
+
+
+def test_api_load_drives_both_servers_without_errors(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "api_load.json"
+    report = _report(_run("api_load.py", "--model", "tiny-conll03", "--limit", "4", "--seconds", "2", "--warmup", "1",
+                          "--clients", "2", "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    assert [r["microbatch"] for r in report["results"]] == [False, True]
+    assert all(r["answered"] > 0 and r["errors"] == 0 for r in report["results"])
+
+
+def test_api_overload_offers_every_load_in_both_modes(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "api_overload.json"
+    report = _report(_run("api_overload.py", "--model", "tiny-conll03", "--limit", "4", "--texts", "2", "--seconds", "1",
+                          "--timeout", "1", "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    assert [(r["mode"], r["load"]) for r in report["rows"]] == [(m, x) for m in ("admission", "no admission") for x in (0.5, 1.0, 2.0, 4.0)]
+    assert all(r["capacity_per_s"] > 0 and r["requests"] > 0 for r in report["rows"])
+
+
+@pytest.fixture
+def bench_redis() -> str:
+    """The local Redis for the pipeline benchmark (skips when it does not answer)."""
+    import redis
+
+    client = redis.Redis.from_url(BENCH_REDIS, socket_connect_timeout=5)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError as error:
+        pytest.skip(f"Redis is not reachable at {BENCH_REDIS}: {error}")
+    finally:
+        client.close()
+    return BENCH_REDIS
+
+
+def test_batch_throughput_runs_a_job_on_a_celery_worker_and_leaves_no_queue(tmp_path: Path, data_dir: Path, bench_redis: str) -> None:
+    import redis
+
+    out = tmp_path / "batch_throughput.json"
+    report = _report(_run("batch_throughput.py", "--no-spacy", "--model", "tiny-conll03", "--limit", "4", "--databases", "sqlite",
+                          "--workers", "1", "--chunk-sizes", "1", "4", "--timeout", "120", "--data", str(data_dir / "conll2003" / "dev.txt"),
+                          "--json", str(out), env={**os.environ, "REDIS_URL": bench_redis}), out)
+    rows = report["results"]
+    assert [(r["database"], r["workers"], r["chunk_size"], r["docs"]) for r in rows] == [("sqlite", 1, 1, 4), ("sqlite", 1, 4, 4)]
+    assert all(r["docs_per_s"] > 0 for r in rows) and rows[0]["entities"] == rows[1]["entities"]
+    [queue] = set(re.findall(r"bench-[0-9a-f]{8}", (tmp_path / "batch_throughput_worker_sqlite_1.log").read_text()))
+    client = redis.Redis.from_url(bench_redis)
+    assert client.keys(f"*{queue}*") == []
+    client.close()
+
+
+def test_batch_throughput_says_in_one_line_when_the_worker_is_not_ready_in_time(tmp_path: Path, data_dir: Path,
+                                                                              bench_redis: str) -> None:
+    line = _one_line_exit(_run("batch_throughput.py", "--no-spacy", "--model", "tiny-conll03", "--limit", "1", "--databases", "sqlite",
+                               "--workers", "1", "--timeout", "0.5", "--data", str(data_dir / "conll2003" / "dev.txt"),
+                               "--json", str(tmp_path / "x.json"), env={**os.environ, "REDIS_URL": bench_redis}))
+    assert "did not have its 1 pool process(es) up within 0.5 s" in line
+    assert str(tmp_path / "x_worker_sqlite_1.log") in line and not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize(("script", "recipe"), [("lud.py", "en-conll03-lud"), ("fast_dllm.py", "en-conll03-diffusion")])
+def test_a_benchmark_of_a_model_that_does_not_ship_names_the_command_that_builds_it(tmp_path: Path, script: str, recipe: str) -> None:
+    # from an empty folder: its default model, runs/RECIPE, is missing even where a checkout has built it
+    line = _one_line_exit(_run(script, "--limit", "1", "--json", str(tmp_path / "x.json"), cwd=tmp_path))
+    assert f"runs/{recipe}" in line and f"padellm-ner train --recipe {recipe}" in line
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_training_speed_measures_the_arms_and_draws_the_curve(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "training_speed.json"
-    done = _training_speed("--base", str(TINY), "--data", str(data_dir), "--limit", "8", "--steps", "1", "--bf16-steps", "0",
-                           "--compile-budget", "0", "--threads", "", "--minutes", "0.02", "--eval-limit", "4", "--json", str(out))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert out.is_file() and out.with_suffix(".png").is_file()
-    report = json.loads(out.read_text())
+    report = _report(_run("training_speed.py", "--base", str(TINY), "--data", str(data_dir), "--limit", "8", "--steps", "1",
+                          "--bf16-steps", "0", "--compile-budget", "0", "--threads", "", "--minutes", "0.02", "--eval-limit", "4",
+                          "--json", str(out)), out)
     arms = {row["arm"]: row for row in report["throughput"]}
     for name in ("baseline", "default"):
         assert arms[name]["status"] == "ok" and arms[name]["tokens_per_s"] > 0
@@ -35,14 +154,13 @@ def test_training_speed_measures_the_arms_and_draws_the_curve(tmp_path: Path, da
     assert all(0 <= row["padellm_f1"] <= 1 and row["minutes"] > 0 for row in report["curve"])
 
 
-def _exit_line(monkeypatch, capsys, *args: str) -> str:
-    """Run the script's ``main`` in this process (no second start-up) and return the one line
-    it exits with, status 2."""
-    from benchmarks import training_speed
-
-    monkeypatch.setattr(sys, "argv", ["training_speed.py", *args])
+def _exit_line(monkeypatch, capsys, script: str, *args: str) -> str:
+    """Run ``benchmarks/SCRIPT``'s ``main`` in this process (no second start-up) and return the
+    one line it exits with, status 2."""
+    module = importlib.import_module(f"benchmarks.{script}")
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *args])
     with pytest.raises(SystemExit) as exited:
-        training_speed.main()
+        module.main()
     assert exited.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
@@ -50,11 +168,19 @@ def _exit_line(monkeypatch, capsys, *args: str) -> str:
 
 
 def test_training_speed_without_the_corpus_says_so_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
-    line = _exit_line(monkeypatch, capsys, "--data", str(tmp_path / "nowhere"), "--base", str(TINY), "--json", str(tmp_path / "x.json"))
+    line = _exit_line(monkeypatch, capsys, "training_speed", "--data", str(tmp_path / "nowhere"), "--base", str(TINY), "--json", str(tmp_path / "x.json"))
     assert "conll2003/train.txt" in line and "--data" in line
     assert not (tmp_path / "x.json").exists()
 
 
 def test_training_speed_without_the_base_model_says_how_to_install_it(tmp_path: Path, data_dir: Path, monkeypatch, capsys) -> None:
-    line = _exit_line(monkeypatch, capsys, "--data", str(data_dir), "--base", str(tmp_path / "no-model"), "--json", str(tmp_path / "x.json"))
+    line = _exit_line(monkeypatch, capsys, "training_speed", "--data", str(data_dir), "--base", str(tmp_path / "no-model"), "--json", str(tmp_path / "x.json"))
     assert "no-model" in line and "make install" in line
+
+
+def test_batch_throughput_without_spacy_says_how_to_install_it(tmp_path: Path, monkeypatch, capsys) -> None:
+    from benchmarks import batch_throughput
+
+    monkeypatch.setattr(batch_throughput, "SPACY_MODEL", "no_such_spacy_pipeline")
+    line = _exit_line(monkeypatch, capsys, "batch_throughput", "--json", str(tmp_path / "x.json"))
+    assert "no_such_spacy_pipeline" in line and ".[bench]" in line and "--no-spacy" in line

@@ -12,7 +12,7 @@ from ner_service.engine import NEREngine, NERModelConfig, UnknownLabelError, def
 from ner_service.engine.model_loading import ModelNotFoundError
 from training.char_model import CHINESE_LABEL_NAMES, build_char_tokenizer, char_llama_config, extend_char_vocabulary, prompt_strings
 from corpora import read_conll
-from training.examples import query_answer_pairs
+from training.examples import query_answers
 
 #: Resume dev sentence 1 (../shared/data/resume/dev.txt) and its gold spans.
 RESUME_TEXT = "历任公司副总经理、总工程师，"
@@ -142,7 +142,7 @@ def test_label_display_names_reach_the_prompts_and_map_back(tmp_path: Path) -> N
     path = tmp_path / "resume.txt"
     path.write_text("张 B-NAME\n三 E-NAME\n在 O\n\n", encoding="utf-8")
     (example,) = read_conll(path)
-    pairs = query_answer_pairs(example, ["NAME"], ["padellm", "ar"], {"NAME": CHINESE_LABEL_NAMES["NAME"]})
+    pairs = [(qa.query, qa.answer) for qa in query_answers(example, ["NAME"], ["padellm", "ar"], {"NAME": CHINESE_LABEL_NAMES["NAME"]})]
     assert pairs == [("人名 count:", "1"), ("人名 count:1\n人名 1:", " 张三"), ("All entities:", "\n人名: 张三")]
 
 

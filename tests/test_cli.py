@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "padellm_ner.cli", *args], capture_output=True, text=True, timeout=300)
@@ -23,7 +25,7 @@ def test_extract_prints_json() -> None:
 def test_evaluate_json_report(tmp_path: Path) -> None:
     corpus = tmp_path / "dev.jsonl"
     corpus.write_text(json.dumps({"text": "Peter met Anna", "entities": [{"start": 0, "end": 5, "label": "PER"}]}) + "\n")
-    done = run("evaluate", str(corpus), "--model", "tiny-conll03", "--decoder", "ar", "--json")
+    done = run("evaluate", str(corpus), "--model", "tiny-conll03", "--strategy", "ar", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     for key in ("micro_f1", "precision", "recall", "per_label", "n_sentences", "latency_ms", "forward_passes_mean"):
@@ -88,3 +90,66 @@ def test_train_help_documents_the_data_formats_with_examples_that_read(tmp_path:
     (tmp_path / "example.txt").write_text(column_line + "\n")
     [sentence] = read_conll(tmp_path / "example.txt")
     assert [(sentence.text[s.start:s.end], s.label) for s in sentence.spans] == [("Merkel", "PER")]
+
+
+REPO = Path(__file__).resolve().parent.parent
+#: Run in a fresh interpreter (pytest's has torch loaded): a command's exit code and output, and which heavy libraries it imported.
+HEAVY_IMPORTS_OF = """
+import contextlib, io, json, sys
+from padellm_ner.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as done:  # --help
+        code = done.code
+print(json.dumps({"code": code, "stdout": out.getvalue(), "loaded": [m for m in ("torch", "transformers", "peft") if m in sys.modules]}))
+"""
+
+
+def test_help_models_and_recipes_do_not_load_torch() -> None:
+    for argv, shows in ((["--help"], "extract"), (["models"], "en-conll03"), (["recipes"], "en-conll03-cpu")):
+        done = subprocess.run([sys.executable, "-c", HEAVY_IMPORTS_OF, *argv], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["code"] == 0 and shows in report["stdout"], report
+        assert report["loaded"] == [], f"padellm-ner {' '.join(argv)} imported {report['loaded']}"
+
+
+def test_a_sub_command_adds_its_options_when_called() -> None:
+    done = run("extract", "--help")
+    assert done.returncode == 0 and "--labels" in done.stdout and "lookahead" in done.stdout and "padellm" in done.stdout, done.stderr
+
+
+@pytest.mark.slow
+def test_extract_on_the_shipped_model_warns_of_nothing_the_project_calls() -> None:
+    """No deprecation from the project's own code: none of transformers' warnings about the
+    ``past_key_values`` keyword, and no warning raised at a file of the repository."""
+    done = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-W", "always::FutureWarning", "-m", "padellm_ner.cli",
+                           "extract", "--model", "en-conll03", "Angela Merkel met Emmanuel Macron in Paris ."],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert [e["text"] for e in json.loads(done.stdout)["entities"]] == ["Angela Merkel", "Emmanuel Macron", "Paris"]
+    assert "past_key_values" not in done.stderr and "cache_params" not in done.stderr, done.stderr
+    ours = [line for line in done.stderr.splitlines()
+            if line.startswith(str(REPO)) and "site-packages" not in line and "Warning:" in line]
+    assert ours == [], ours
+
+
+@pytest.mark.slow
+def test_a_trained_adapter_names_its_base_as_given_and_has_a_model_card(tmp_path: Path) -> None:
+    data = tmp_path / "mine.jsonl"
+    data.write_text(json.dumps({"text": "Take 40 mg aspirin", "entities": [{"start": 5, "end": 10, "label": "DOSE"},
+                                                                          {"start": 11, "end": 18, "label": "DRUG"}]}) + "\n")
+    output = tmp_path / "mine"
+    done = run("train", "--train", str(data), "--output", str(output), "--name", "doses", "--base", "smollm2-135m-instruct",
+               "--max-steps", "1", "--top-layers", "1", "--lora-r", "2", "--batch-tokens", "256")
+    assert done.returncode == 0, done.stderr
+    # the alias, not the folder it was de-quantised to on this machine
+    assert json.loads((output / "adapter_config.json").read_text())["base_model_name_or_path"] == "smollm2-135m-instruct"
+    card = (output / "README.md").read_text()
+    assert card.startswith('---\nbase_model: "smollm2-135m-instruct"\n') and "# doses\n" in card and "`DOSE`, `DRUG`" in card
+    assert '"top_layers": 1' in card and "- steps: 1," in card and "[More Information Needed]" not in card
+    assert str(Path.home()) not in card and "converted" not in card
+    served = run("extract", "--model", str(output), "Take 40 mg aspirin")  # the folder still loads on the alias
+    assert served.returncode == 0 and json.loads(served.stdout)["stats"]["forward_passes"] > 0, served.stderr

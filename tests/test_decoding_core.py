@@ -99,7 +99,7 @@ def test_a_reserved_cache_decodes_in_place_as_a_dynamic_cache_does(tiny_engine) 
             past = dynamic.get_seq_length()
             positions = torch.arange(past, past + width)[None].expand(2, -1)
             mask = torch.ones(2, past + width, dtype=torch.long)
-            outs = [model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=c, use_cache=True).logits
+            outs = [model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=c, use_cache=True).logits
                     for c in (reserved, dynamic)]
             torch.testing.assert_close(outs[0], outs[1])
             for ours, theirs in zip(reserved.layers, dynamic.layers):

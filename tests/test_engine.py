@@ -10,7 +10,7 @@ import torch
 from benchmarks.reencoding import ReencodingRunner, reencoding_padellm
 from general_decoding import TokenBias, UnknownDecoderError, choose, get_decoder
 from ner_service.engine import ExtractionStats, NEREngine, UnknownLabelError, UnknownStrategyError
-from ner_service.engine.branches import SharedPrefixRunner
+from ner_service.engine.query_runners import SharedPrefixRunner
 from ner_service.engine.model_loading import ModelNotFoundError
 from ner_service.engine.queries import Answer, Branch, MentionQuery, answer_of, count_query_ids
 from ner_service.engine.span_tries import SpanTries
@@ -87,7 +87,7 @@ def _asked(engine: NEREngine, runner_name: str, text: str, labels: list[str], qu
     windows = engine.windows([text])
     runner = RUNNERS[runner_name](engine.ner_model, windows)
     runner.encode([count_query_ids(engine.ner_model, label) for label in labels], ExtractionStats())
-    branches = [Branch(q.window, q.label, q.token_ids(engine.ner_model)) for q in queries]
+    branches = [Branch(q.window_index, q.label, q.token_ids(engine.ner_model)) for q in queries]
     out = runner.decode(branches, get_decoder("greedy"), engine.ner_model.config.max_mention_tokens, ExtractionStats())
     plain = [answer_of(engine.ner_model, q.label, tokens, score) for q, tokens, score in zip(queries, out.tokens, out.scores)]
     return windows, runner, plain

@@ -127,7 +127,7 @@ def test_behind_a_cached_prefix_equals_greedy(tiny_engine, name: str) -> None:
         cache = DynamicCache()
         mask = torch.ones(1, len(prefix), dtype=torch.long)
         with torch.inference_mode():
-            model(input_ids=torch.tensor([prefix]), attention_mask=mask, position_ids=position_ids_from_mask(mask), past_key_values=cache, use_cache=True)
+            model(input_ids=torch.tensor([prefix]), attention_mask=mask, position_ids=position_ids_from_mask(mask), cache=cache, use_cache=True)
         full_mask = torch.ones(1, len(prefix) + len(query), dtype=torch.long)
         results.append(decoder.generate(model, torch.tensor([query]), stop, attention_mask=full_mask, past_key_values=cache, context_ids=[prefix]))
     assert results[1].tokens == results[0].tokens

@@ -42,7 +42,7 @@ def test_branches_over_a_shared_prefix_equal_separate_greedy_decodes(tiny_engine
 
     cache = DynamicCache()
     with torch.inference_mode():
-        model(input_ids=torch.tensor([prefix]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([prefix]), cache=cache, use_cache=True)
     prefix_bytes = cache_bytes(cache)
     ids, query_mask = _left_pad(queries)
     mask = torch.cat([torch.ones(len(queries), len(prefix), dtype=torch.long), query_mask], dim=1)
@@ -76,7 +76,7 @@ def test_a_cache_of_several_rows_is_refused(tiny_engine) -> None:
     model = tiny_engine.ner_model.model
     cache = DynamicCache()
     with torch.inference_mode():
-        model(input_ids=torch.tensor([[5, 6], [7, 8]]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([[5, 6], [7, 8]]), cache=cache, use_cache=True)
     with pytest.raises(ValueError, match="batch size 1"):
         get_decoder("one_sequence").generate(model, torch.tensor([[9], [10]]), StopCriteria(3, frozenset({0})),
                                              attention_mask=torch.ones(2, 3, dtype=torch.long), past_key_values=cache)

@@ -46,8 +46,7 @@ def test_the_factory_comes_from_the_installed_entry_point() -> None:
         ({"labels": ["PER", "FOOD"]}, "unknown label(s) 'FOOD'"),
         ({"strategy": "beam"}, "unknown strategy 'beam'"),
         ({"decoder": "magic"}, "unknown decoder 'magic'"),
-        ({"backend": "magic"}, "unknown decoder 'magic'"),
-        ({"strategy": "ar", "decoder": "padellm"}, "disagree"),
+        ({"strategy": "ar", "decoder": "padellm"}, "'padellm' is a strategy: send it as `strategy`"),
         ({"strategy": "fast_dllm"}, "not a masked-diffusion model.*supports the strategies padellm, ar"),
         ({"decoder": "lud"}, "decoder 'lud' cannot run on model 'tiny-conll03'.*not fine-tuned for lexical units"),
         ({"decoder": "speculative"}, "needs a loaded draft model"),
@@ -169,17 +168,20 @@ def test_a_blank_chinese_pipeline_gets_the_chinese_model_by_default() -> None:
     assert spacy.blank("en").add_pipe(FACTORY, config={"labels": ["PER"]}).options.model == "en-conll03"
 
 
-def test_the_old_option_names_still_configure_the_component(tmp_path: Path) -> None:
+def test_the_old_option_names_are_refused_naming_the_new_ones(tmp_path: Path) -> None:
     """Before strategy and decoder were told apart, ``decoder`` named the strategy and ``backend``
-    the token decoder: configs and saved files of that time keep working."""
+    the token decoder: the config says which field to use now."""
     nlp = spacy.blank("en")
-    component = nlp.add_pipe(FACTORY, config=TINY | {"decoder": "ar", "backend": "greedy"})
-    assert (component.options.strategy, component.options.decoder) == ("ar", "greedy")
+    with pytest.raises(ValueError, match="backend"):
+        nlp.add_pipe(FACTORY, config=TINY | {"backend": "greedy"})
+    with pytest.raises(ValueError, match="'ar' is a strategy: send it as `strategy`"):
+        nlp.add_pipe(FACTORY, config=TINY | {"decoder": "ar"})
+    component = nlp.add_pipe(FACTORY, config=TINY)
     folder = tmp_path / "old"
     folder.mkdir()
     (folder / CONFIG_FILE).write_text(json.dumps({"model": "tiny-conll03", "labels": ["PER"], "decoder": "padellm", "backend": "anpd", "batch_size": 2}))
-    component.from_disk(folder)
-    assert (component.options.strategy, component.options.decoder, component.labels, component.batch_size) == ("padellm", "anpd", ("PER",), 2)
+    with pytest.raises(ValueError, match="`backend` in padellm_ner.json is now `decoder`"):
+        component.from_disk(folder)
 
 
 def test_components_of_one_model_share_its_weights_loaded_once() -> None:

@@ -10,15 +10,15 @@ import torch
 
 from ner_service.engine import prompts
 from corpora import Example, Span
-from training.examples import IGNORE, build_row, query_answer_pairs
+from training.examples import IGNORE, build_row, query_answers
 from training.loss import answer_loss
 from training.trainer import TrainConfig, train
 
 EXAMPLE = Example("Peter met Anna in Paris", [Span(0, 5, "PER"), Span(10, 14, "PER"), Span(18, 23, "LOC")])
 
 
-def test_query_answer_pairs_follow_the_protocol() -> None:
-    pairs = query_answer_pairs(EXAMPLE, ["LOC", "PER"], ["padellm", "ar"])
+def test_query_answers_follow_the_protocol() -> None:
+    pairs = [(qa.query, qa.answer) for qa in query_answers(EXAMPLE, ["LOC", "PER"], ["padellm", "ar"])]
     assert pairs == [
         (prompts.count_query("LOC"), "1"),
         (prompts.mention_query("LOC", 1, 1), " Paris"),
@@ -35,7 +35,7 @@ def test_targets_are_exactly_the_answers(tiny_engine) -> None:
     eos = tokenizer.eos_token_id
     answers = [t for t in row.targets if t != IGNORE]
     expected = []
-    for _, answer in query_answer_pairs(EXAMPLE, ["LOC", "PER"], ["padellm"]):
+    for answer in [qa.answer for qa in query_answers(EXAMPLE, ["LOC", "PER"], ["padellm"])]:
         expected += tokenizer(answer, add_special_tokens=False).input_ids + [eos]
     assert answers == expected
     prefix_len = len(tokenizer(prompts.prefix(EXAMPLE.text)).input_ids)
@@ -50,7 +50,8 @@ def test_packed_loss_equals_the_loss_of_separate_sequences(tiny_engine) -> None:
         packed = answer_loss(model, [row], tokenizer.eos_token_id)
         prefix = tokenizer(prompts.prefix(EXAMPLE.text)).input_ids
         losses, count = 0.0, 0
-        for query, answer in query_answer_pairs(EXAMPLE, ["PER"], ["padellm"]):
+        for qa in query_answers(EXAMPLE, ["PER"], ["padellm"]):
+            query, answer = qa.query, qa.answer
             q = tokenizer(query, add_special_tokens=False).input_ids
             a = tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
             ids = torch.tensor([prefix + q + a])
@@ -97,7 +98,6 @@ def test_lora_training_saves_a_small_adapter(tmp_path: Path, tiny_engine) -> Non
 
 def test_loss_weights_weigh_each_query_kind(tiny_engine) -> None:
     """Weights 1 give the plain mean; weight 0 on the AR answer gives the loss of a row without it."""
-    from training.examples import query_answers
 
     model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
     kinds = [qa.kind for qa in query_answers(EXAMPLE, ["LOC", "PER"], ["padellm", "ar"])]

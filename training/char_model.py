@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import string
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,7 +20,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from ner_service.engine import prompts
 from ner_service.engine.ner_model import NERModelConfig, resolve_ner_model
 from corpora import labels_of, read_corpus
-from training.trainer import TrainConfig, train
+from training.configs import CharConfig, TrainConfig
+from training.trainer import train
 
 EOS = "<eos>"
 UNK = "<unk>"
@@ -86,29 +86,6 @@ def char_llama_config(vocab_size: int, eos_token_id: int, layers: int = 4, hidde
         num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, max_position_embeddings=1024,
         tie_word_embeddings=True, eos_token_id=eos_token_id, pad_token_id=eos_token_id, bos_token_id=None,
     )
-
-
-@dataclass
-class CharConfig:
-    """A character-model training run (``init``: a char model folder or shipped name to continue,
-    its vocabulary extended to the new texts' characters; None: a random model)."""
-
-    train: str
-    output: str
-    name: str
-    dev: str | None = None
-    language: str = "zh"
-    chinese_labels: bool = False
-    init: str | None = None
-    epochs: float = 1.0
-    max_steps: int | None = None
-    max_minutes: float | None = None
-    lr: float = 2e-3
-    batch_tokens: int = 4096
-    eval_limit: int | None = 200
-    limit: int | None = None
-    seed: int = 0
-    device: str = "cpu"
 
 
 def train_char_model(config: CharConfig) -> dict:

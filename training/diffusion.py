@@ -42,6 +42,7 @@ from ner_service.engine import NERModelConfig, prompts
 from ner_service.engine.model_loading import load_causal_lm
 from ner_service.engine.ner_model import SELF_CONTAINED, NERModel
 from corpora import Example, labels_of, read_corpus
+from training.configs import INITS, DiffusionConfig
 from training.tiny_model import build_tokenizer
 from training.loss import optimizer_step
 
@@ -49,36 +50,6 @@ MASK = "<mask>"
 EPS = 1e-3
 #: the linear layers of a Llama-style decoder layer that an adapter adapts
 LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-INITS = ("scratch", "smollm2")  # or the name or folder of an NER model to adapt
-
-
-@dataclass
-class DiffusionConfig:
-    """A diffusion training run; saved in ``training.json`` for the model card."""
-
-    train: str
-    output: str
-    name: str = "en-conll03-diffusion"
-    init: str = "scratch"  # "scratch", "smollm2", or an NER model (name or folder) to adapt with LoRA
-    base: str = "smollm2-135m-instruct"
-    answer_tokens: int = 64
-    vocab_size: int = 4096
-    hidden_size: int = 256
-    layers: int = 4
-    heads: int = 8
-    lr: float = 2e-3
-    lora_r: int = 16  # adapter rank when ``init`` is an NER model
-    lora_alpha: int = 32
-    lora_layers: int | None = None  # adapt only the top N layers (backward stops below them); None: all
-    mask_token: str = "<empty_output>"  # an existing token an adapted model without a mask token uses as its mask
-    warmup_steps: int = 100
-    batch_rows: int = 32
-    max_steps: int | None = None
-    max_minutes: float | None = None
-    limit: int | None = None
-    save_minutes: float = 10.0
-    seed: int = 0
-    device: str = "cpu"
 
 
 @dataclass(frozen=True)

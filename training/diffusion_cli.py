@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from training.configs import INITS, DiffusionConfig
+
 
 def cmd_train_diffusion(args: argparse.Namespace) -> int:
     import torch
 
-    from training.diffusion import DiffusionConfig, train_diffusion
+    from training.diffusion import train_diffusion
 
     torch.set_num_threads(args.threads)
     config = DiffusionConfig(
@@ -26,8 +28,6 @@ def cmd_train_diffusion(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``train-diffusion`` to the ``padellm-ner`` command line."""
-    from training.diffusion import INITS, DiffusionConfig
-
     defaults = DiffusionConfig(train="", output="")
     parser = sub.add_parser("train-diffusion", help="train a masked-diffusion NER model (LLaDA objective) for decoder fast_dllm")
     parser.add_argument("--train", required=True)

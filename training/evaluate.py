@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from tqdm import tqdm
 
-from ner_service.engine import DEFAULT_DECODER, NEREngine
+from ner_service.engine import NEREngine
 from corpora import Example, Span
 
 SpanKey = tuple[int, int, str]
@@ -52,22 +52,24 @@ def _key(span: Span) -> SpanKey:
 def evaluate_engine(
     engine: NEREngine,
     examples: Sequence[Example],
-    strategy: str = "padellm",
-    decoder: str = DEFAULT_DECODER,
+    strategy: str | None = None,
+    decoder: str | None = None,
     batch_size: int = 1,
     labels: Sequence[str] | None = None,
     progress: bool = True,
 ) -> dict[str, object]:
-    """Run the engine over ``examples`` and score it; latency is per batch of ``batch_size`` texts."""
-    wanted = engine.check_labels(labels)
+    """Run the engine over ``examples`` and score it; latency is per batch of ``batch_size`` texts.
+    ``labels``, ``strategy`` and ``decoder`` are validated by :meth:`NEREngine.options` (None: the default)."""
+    options = engine.options(labels, strategy, decoder)
+    wanted = set(options.labels or ())
     predicted: list[list[SpanKey]] = []
     latencies, forwards = [], []
     unmatched = 0
-    bar = tqdm(total=len(examples), desc=f"evaluate {strategy}/{decoder}", unit="text", disable=not progress)
+    bar = tqdm(total=len(examples), desc=f"evaluate {options.strategy}/{options.decoder}", unit="text", disable=not progress)
     began = time.perf_counter()
     for start in range(0, len(examples), batch_size):
         batch = examples[start:start + batch_size]
-        results = engine.extract([e.text for e in batch], labels=wanted, strategy=strategy, decoder=decoder)
+        results = engine.extract_with(options, [e.text for e in batch])
         predicted.extend([(e.start, e.end, e.label) for e in r.entities] for r in results)
         latencies.append(results[0].stats.latency_ms)
         forwards.append(results[0].stats.forward_passes)
@@ -80,8 +82,8 @@ def evaluate_engine(
     return {
         **scores,
         "n_sentences": len(examples),
-        "strategy": strategy,
-        "decoder": decoder,
+        "strategy": options.strategy,
+        "decoder": options.decoder,
         "batch_size": batch_size,
         "latency_ms": {
             "mean": statistics.fmean(ordered),

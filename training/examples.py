@@ -15,10 +15,8 @@ from transformers import PreTrainedTokenizerBase
 from general_decoding.tree_attention import PackedTree, pack_branches
 from ner_service.engine import prompts
 from corpora import Example
+from training.configs import FORMATS
 
-FORMATS = ("padellm", "ar")
-#: The kinds of query a row holds; the loss can weigh their answers differently.
-QUERY_KINDS = ("count", "mention", "ar")
 IGNORE = -100
 
 
@@ -38,7 +36,7 @@ class TrainingRow:
 
 @dataclass(frozen=True)
 class QueryAnswer:
-    """One query of a text, its answer, and its kind (one of :data:`QUERY_KINDS`)."""
+    """One query of a text, its answer, and its kind (one of :data:`training.configs.QUERY_KINDS`)."""
 
     query: str
     answer: str
@@ -61,13 +59,6 @@ def query_answers(example: Example, labels: Sequence[str], formats: Sequence[str
         ordered = [(names.get(s.label, s.label), example.text[s.start:s.end]) for s in example.spans if s.label in wanted]
         found.append(QueryAnswer(prompts.ar_query(), prompts.ar_answer(ordered), "ar"))
     return found
-
-
-def query_answer_pairs(
-    example: Example, labels: Sequence[str], formats: Sequence[str], names: Mapping[str, str] | None = None
-) -> list[tuple[str, str]]:
-    """The (query, answer) strings of :func:`query_answers`."""
-    return [(qa.query, qa.answer) for qa in query_answers(example, labels, formats, names)]
 
 
 def build_row(

@@ -20,7 +20,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -29,32 +29,10 @@ from tqdm import tqdm
 from general_decoding.tree_attention import collate_parent_trees, parents_of
 from ner_service.engine.ner_model import NERModel
 from corpora import labels_of, read_corpus
-from training.examples import FORMATS, IGNORE, TrainingRow, build_row
+from training.configs import LUDConfig
+from training.examples import IGNORE, TrainingRow, build_row
 from training.batching import length_batches
 from training.loss import optimizer_step, packed_loss
-
-
-@dataclass
-class LUDConfig:
-    """A lexical-unit fine-tuning run (saved as ``training.json`` beside the adapter)."""
-
-    model: str
-    train: str
-    output: str
-    name: str = "en-conll03-lud"
-    formats: list[str] = field(default_factory=lambda: list(FORMATS))
-    unit_size: int = 4
-    threshold: float = 0.9
-    placeholder: str = "<empty_output>"
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lr: float = 5e-4
-    batch_tokens: int = 2048
-    max_steps: int | None = None
-    max_minutes: float | None = None
-    limit: int | None = None
-    seed: int = 0
-    device: str = "cpu"
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from training.configs import LUDConfig
+
 
 def cmd_train_lud(args: argparse.Namespace) -> int:
     import torch
 
-    from training.lexical_units import LUDConfig, train_lud
+    from training.lexical_units import train_lud
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -26,8 +28,6 @@ def cmd_train_lud(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``train-lud`` to the ``padellm-ner`` command line."""
-    from training.lexical_units import LUDConfig
-
     defaults = LUDConfig(model="", train="", output="")
     parser = sub.add_parser("train-lud", help="fine-tune an NER model for lexical-unit decoding (--decoder lud)")
     parser.add_argument("--model", default="en-conll03", help="the NER model to fine-tune (name or folder)")

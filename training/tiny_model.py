@@ -7,7 +7,6 @@ full fine-tuning in the same trainer as the shipped model.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -15,7 +14,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from corpora import labels_of, read_corpus
 from ner_service.engine import prompts
-from training.trainer import TrainConfig, train
+from training.configs import TinyConfig, TrainConfig
+from training.trainer import train
 
 EOS = "<eos>"
 
@@ -29,21 +29,6 @@ def build_tokenizer(texts: list[str], labels: list[str], vocab_size: int = 1024)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(texts + extra * 50, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS)
-
-
-@dataclass
-class TinyConfig:
-    """A tiny-model training run: a new tokenizer and 2-layer Llama, ``max_steps`` full steps."""
-
-    train: str
-    output: str
-    name: str = "tiny-conll03"
-    dev: str | None = None
-    max_steps: int = 300
-    lr: float = 3e-3
-    limit: int | None = None
-    seed: int = 0
-    device: str = "cpu"
 
 
 def train_tiny_model(config: TinyConfig) -> dict:

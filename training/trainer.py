@@ -13,7 +13,7 @@ import logging
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -28,7 +28,8 @@ from ner_service.engine import NEREngine, NERModel, NERModelConfig
 from ner_service.engine.ner_model import SELF_CONTAINED, load_base
 from corpora import Example, check_labels, read_corpus
 from training.evaluate import evaluate_engine
-from training.examples import FORMATS, QUERY_KINDS, build_row
+from training.configs import QUERY_KINDS, TrainConfig
+from training.examples import build_row
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,48 +43,6 @@ def resolved_dtype(dtype: str, device: str) -> str:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {', '.join(DTYPES)}")
     return dtype
-
-
-@dataclass
-class TrainConfig:
-    """Everything a training run needs; saved next to the result for the model card."""
-
-    base: str
-    train: str
-    output: str
-    name: str = "padellm-ner"
-    dev: str | None = None
-    labels: list[str] | None = None
-    label_names: dict[str, str] = field(default_factory=dict)
-    language: str = "en"
-    formats: list[str] = field(default_factory=lambda: list(FORMATS))
-    full: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lr: float = 8e-4
-    warmup_steps: int = 30
-    epochs: float = 1.0
-    max_steps: int | None = None
-    max_minutes: float | None = None
-    batch_tokens: int = 2048
-    limit: int | None = None
-    eval_limit: int | None = 200
-    eval_batch_size: int = 16
-    #: Train only the top N decoder layers (None: all); the frozen layers below run once per row.
-    top_layers: int | None = None
-    #: Minutes of wall time between checkpoints (one is also written at the end of each epoch).
-    checkpoint_minutes: float = 10.0
-    seed: int = 0
-    device: str = "cpu"
-    #: "auto": float32 on the CPU, bfloat16 on a GPU.
-    dtype: str = "auto"
-    resume: bool = False
-    #: Weight of each query kind's answer tokens in the loss (count, mention, ar; missing: 1).
-    loss_weights: dict[str, float] = field(default_factory=dict)
-    #: Texts with a label of at least ``hard_count_min`` mentions are seen this many times an epoch.
-    hard_count_repeat: int = 1
-    hard_count_min: int = 3
 
 
 def oversample_hard_counts(examples: list[Example], labels: list[str], minimum: int, repeat: int) -> list[Example]:
@@ -220,7 +179,10 @@ def train(config: TrainConfig) -> dict:
 
 
 def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, labels: list[str], state: dict) -> dict:
-    """Write the adapter (fp16) or the full model, ``ner_model.json`` and ``training.json``."""
+    """Write the adapter (fp16) or the full model, ``ner_model.json``, ``training.json`` and a
+    ``README.md`` model card. The adapter names its base as the run was given it (an alias such
+    as ``smollm2-135m-instruct``, a name or a path), never the folder it resolved to on this
+    machine (the de-quantised cache of an alias); :class:`NERModel` loads the base of ``ner_model.json``."""
     output = Path(config.output)
     output.mkdir(parents=True, exist_ok=True)
     if config.full:
@@ -230,11 +192,44 @@ def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, confi
         for parameter in model.parameters():
             if parameter.requires_grad:
                 parameter.data = parameter.data.to(torch.float16)
-        model.save_pretrained(output)
+        for adapter in model.peft_config.values():
+            adapter.base_model_name_or_path = config.base
+        # training keeps the base's vocabulary: no embeddings to save, and no look-up of the base's
+        # config.json (by the name as given, which peft would try on the Hugging Face Hub)
+        model.save_pretrained(output, save_embedding_layers=False)
     ner_config = _ner_config(config, labels, tokenizer)
     ner_config.metrics = {"dev_during_training": state["history"][-1] if state["history"] else None}
     ner_config.write(output)
     summary = {"config": asdict(config), "steps": state["step"], "tokens": state["tokens"], "train_seconds": round(state["seconds"], 1),
                "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1), "history": state["history"]}
     (output / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (output / "README.md").write_text(model_card(config, labels, summary), encoding="utf-8")  # in place of peft's empty template
     return summary
+
+
+def model_card(config: TrainConfig, labels: list[str], summary: dict) -> str:
+    """A short ``README.md`` of a trained folder: what it is, how to use it, how it was trained
+    (the settings that differ from :class:`TrainConfig`'s defaults) and its dev scores."""
+    kind = f"full fine-tuning of `{config.base}`" if config.full else f"a LoRA adapter (r={config.lora_r}) over `{config.base}`"
+    defaults = asdict(TrainConfig(base="", train="", output=""))
+    settings = {key: value for key, value in summary["config"].items()
+                if key != "output" and (key in ("base", "train") or value != defaults[key])}
+    lines = [
+        "---", f"base_model: {json.dumps(config.base)}", f"library_name: {'transformers' if config.full else 'peft'}",
+        f"language: {config.language}", "tags: [padellm-ner, ner]", "---", "",
+        f"# {config.name}", "",
+        f"A PaDeLLM-NER model: {kind}, trained for the labels {', '.join(f'`{label}`' for label in labels)} "
+        f"({', '.join(config.formats)} formats).", "",
+        "```", f"padellm-ner extract --model {config.output} \"Text to tag\"", f"padellm-ner serve --model {config.output}", "```", "",
+        "## Training", "",
+        f"- steps: {summary['steps']}, {summary['tokens']:,} tokens in {summary['train_seconds']} s ({summary['tokens_per_second']:,} tokens/s) "
+        f"on `{config.device}`",
+        "- settings other than the defaults (all of them are in `training.json`):", "",
+        "```json", json.dumps(settings, indent=2, ensure_ascii=False), "```",
+    ]
+    if summary["history"]:
+        strategies = [s for s in ("padellm", "ar") if s in summary["history"][-1]]
+        lines += ["", "## Dev micro-F1 during training", "", "| epoch | step | " + " | ".join(strategies) + " |",
+                  "| --- | --- | " + " | ".join("---" for _ in strategies) + " |"]
+        lines += [f"| {h['epoch']} | {h['step']} | " + " | ".join(f"{h[s]['micro_f1']:.2f}" for s in strategies) + " |" for h in summary["history"]]
+    return "\n".join(lines) + "\n"

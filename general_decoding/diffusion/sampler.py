@@ -142,11 +142,11 @@ class BlockDiffusionSampler:
         use_cache = self.cache != "none"
         lead = start - int(self.shift)  # first column that runs with the block
         result = model.get_decoder()(input_ids=ids, attention_mask=full_mask, position_ids=positions,
-                                     past_key_values=DynamicCache() if use_cache else None, use_cache=use_cache)
+                                     cache=DynamicCache() if use_cache else None, use_cache=use_cache)
         hidden = result.last_hidden_state[:, lead:end - int(self.shift)]
         if not use_cache:
             return hidden, None, None
-        cache = result.past_key_values
+        cache = result.cache
         columns = self._cached_columns(start, end, ids.shape[1])
         keep_columns(cache, columns)
         return hidden, cache, key_mask[:, columns]
@@ -167,7 +167,7 @@ class BlockDiffusionSampler:
         columns = list(range(lead, stop))
         mask = self._mask(keys, model.dtype, answer_start, columns, self._cached_columns(start, end, ids.shape[1]) + columns)
         result = model.get_decoder()(input_ids=ids[:, lead:stop], attention_mask=mask.to(ids.device),
-                                     position_ids=positions[:, lead:stop], past_key_values=cache, use_cache=True)
+                                     position_ids=positions[:, lead:stop], cache=cache, use_cache=True)
         keep_first(cache, cached_mask.shape[1])
         return result.last_hidden_state[:, : end - start]
 

@@ -8,17 +8,20 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI, Request, status
+from fastapi import APIRouter, FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 
 from ner_service.api.core.admission import Admission, ServiceRate
 from ner_service.api.core.batching import MicroBatcher
+from ner_service.api.core.echo import ECHO_MAX, clipped
 from ner_service.api.core.logging import RequestContextMiddleware, configure_logging
 from ner_service.api.core.metrics import Metrics, MetricsMiddleware
+from ner_service.api.core.proxies import TrustedProxies
 from ner_service.api.core.security import ApiKeys, Guard, RateLimiter
 from ner_service.api.routes import entities, health, models, page
-from ner_service.api.state import ApiState, authorize
+from ner_service.api.state import ApiState, AuthenticatedRoute
 from ner_service.engine import EnginePool, ExtractOptions, Extraction
 from ner_service.settings import Settings, get_settings
 
@@ -37,19 +40,21 @@ async def _load_default_model(state: ApiState) -> None:
 
 
 async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-    """422 listing where and why, without echoing the input back (it may be huge or not encodable)."""
-    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in error.errors()]
+    """422 listing where and why, without echoing the input back (it may be huge or not encodable):
+    the first few errors, their locations and messages clipped (a key of the body is part of a
+    location), then one that counts the rest."""
+    errors = error.errors()
+    detail = [{"loc": [clipped(part) if isinstance(part, str) else part for part in e.get("loc", ())],
+               "msg": clipped(e.get("msg", "")), "type": e.get("type", "")} for e in errors[:ECHO_MAX]]
+    if len(errors) > ECHO_MAX:
+        detail.append({"loc": [], "msg": f"and {len(errors) - ECHO_MAX} more errors", "type": "more_errors"})
     return JSONResponse({"detail": detail}, status.HTTP_422_UNPROCESSABLE_CONTENT)
-
-
-async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:
-    logger.error("unhandled error", exc_info=error)
-    return JSONResponse({"detail": "internal error; see the server log for this request id"}, status.HTTP_500_INTERNAL_SERVER_ERROR)
 
 
 def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = ()) -> FastAPI:
     """Build the API from ``settings`` (default: the environment), with ``routers`` mounted behind
-    the same keys and rate limit. The default model loads at startup."""
+    the same keys and rate limit (their ``route_class`` is :class:`AuthenticatedRoute`). The
+    default model loads at startup."""
     settings = settings or get_settings()
     configure_logging(settings.log_level)
     metrics = Metrics()
@@ -73,7 +78,7 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
         long_text_tokens=settings.ner_long_text_tokens, split_tokens=settings.ner_batch_split_tokens,
     )
     guard = Guard(ApiKeys(settings.ner_api_keys), RateLimiter(settings.ner_rate_limit_per_minute),
-                  RateLimiter(settings.ner_auth_failures_per_minute))
+                  RateLimiter(settings.ner_auth_failures_per_minute), TrustedProxies.parse(settings.ner_trusted_proxies))
     state = ApiState(settings, pool, batcher, metrics, guard)
 
     @asynccontextmanager
@@ -90,15 +95,19 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
         summary="Named-entity recognition by parallel decoding of LLMs (PaDeLLM-NER).",
         version="0.1.0",
         lifespan=lifespan,
-        max_body_size=settings.ner_max_texts * settings.ner_max_text_chars * JSON_BYTES_PER_CHAR + 64 * 1024,
     )
     app.state.api = state
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(Exception, _unexpected_error)
+    # the body limit as a middleware of ours, not FastAPI's max_body_size (which sits outside them): its 413 is counted and has the request id
+    app.add_middleware(RequestBodyLimitMiddleware,
+                       max_body_size=settings.ner_max_texts * settings.ner_max_text_chars * JSON_BYTES_PER_CHAR + 64 * 1024)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.add_middleware(RequestContextMiddleware)  # outermost: every log line and response has the request id
+    app.add_middleware(RequestContextMiddleware)  # outermost: every log line and response has the request id, a 500 too
     for router in (entities.router, models.router, health.router, page.router):
         app.include_router(router)
     for router in routers:
-        app.include_router(router, dependencies=[Depends(authorize)])
+        unguarded = [route.path for route in router.routes if not isinstance(route, AuthenticatedRoute)]
+        if unguarded:
+            raise TypeError(f"mounted routes must authenticate (route_class=AuthenticatedRoute): {unguarded}")
+        app.include_router(router)
     return app

@@ -2,7 +2,9 @@
 
 It reads the models and labels from ``/v1/models``, posts to ``/v1/entities`` and highlights the
 entities by label, with a legend of the requested labels (entities found per label) and the timing.
-User text is only ever inserted as DOM text nodes.
+User text is only ever inserted as DOM text nodes. The API's offsets count code points (Python
+``str``) and JavaScript strings are UTF-16, so the page slices the text as an array of code points:
+an emoji or a flag before an entity would otherwise shift its highlight.
 """
 
 PAGE = """<!doctype html>
@@ -119,10 +121,12 @@ async function loadModels() {
 function render(text, entities, labels, asked) {
   const result = $("result");
   result.replaceChildren();
+  const points = Array.from(text);  // the API's offsets count code points, not UTF-16 units
+  const slice = (start, end) => points.slice(start, end).join("");
   let at = 0;
   for (const entity of [...entities].sort((a, b) => a.start - b.start)) {
     if (entity.start < at) { continue; }
-    result.append(document.createTextNode(text.slice(at, entity.start)));
+    result.append(document.createTextNode(slice(at, entity.start)));
     const mark = document.createElement("mark");
     mark.className = "entity";
     mark.dataset.label = entity.label;
@@ -133,11 +137,11 @@ function render(text, entities, labels, asked) {
     const tag = document.createElement("span");
     tag.className = "tag";
     tag.textContent = entity.label;
-    mark.append(document.createTextNode(text.slice(entity.start, entity.end)), tag);
+    mark.append(document.createTextNode(slice(entity.start, entity.end)), tag);
     result.append(mark);
     at = entity.end;
   }
-  result.append(document.createTextNode(text.slice(at)));
+  result.append(document.createTextNode(slice(at)));
   const legend = $("legend");
   legend.replaceChildren();
   for (const label of asked) {

@@ -2,30 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from ner_service.engine import DEFAULT_DECODER, DEFAULT_STRATEGY
-
-#: A name (label, strategy, decoder): short, so that no field carries an unbounded string.
-Name = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+from ner_service.engine.defaults import DEFAULT_DECODER, DEFAULT_STRATEGY
+from ner_service.engine.options import refuse_renamed
 
 
-def unicode_problem(text: str) -> str | None:
-    """Why ``text`` cannot be encoded (an unpaired surrogate, which JSON can carry), or None."""
+def string_problem(value: str) -> str | None:
+    """Why a string may not enter the service, or None: a NUL character (PostgreSQL cannot store
+    one, so no route takes one, whatever the database) or an unpaired surrogate (JSON can carry
+    one, UTF-8 cannot)."""
+    if (nul := value.find("\x00")) >= 0:
+        return f"contains a NUL character (\\u0000) at character {nul}"
     try:
-        text.encode("utf-8")
+        value.encode("utf-8")
     except UnicodeEncodeError as error:
-        return f"text is not valid Unicode (unpaired surrogate at character {error.start})"
+        return f"is not valid Unicode (unpaired surrogate at character {error.start})"
     return None
 
 
-def _valid_unicode(text: str) -> str:
-    problem = unicode_problem(text)
+def _acceptable(value: str) -> str:
+    problem = string_problem(value)
     if problem is not None:
         raise ValueError(problem)
-    return text
+    return value
+
+
+#: The rule of every request string (texts, names, ids), after its length constraints:
+#: a :func:`string_problem` is a 422.
+ACCEPTABLE = AfterValidator(_acceptable)
+Str = Annotated[str, ACCEPTABLE]
+#: A name (label, strategy, decoder): short, so that no field carries an unbounded string.
+Name = Annotated[str, StringConstraints(min_length=1, max_length=64), ACCEPTABLE]
 
 
 class EntitiesRequest(BaseModel):
@@ -36,24 +46,20 @@ class EntitiesRequest(BaseModel):
         json_schema_extra={"examples": [{"text": "Angela Merkel visited Paris .", "labels": ["PER", "LOC"]}]},
     )
 
-    text: str | None = Field(None, description="one text")
-    texts: list[str] | None = Field(None, min_length=1, description="several texts, answered in order")
+    text: Str | None = Field(None, description="one text")
+    texts: list[Str] | None = Field(None, min_length=1, description="several texts, answered in order")
     labels: list[Name] | None = Field(None, min_length=1, max_length=64, description="a subset of the model's labels (default: all)")
     strategy: Name | None = Field(None, description=f"how the model is asked: `padellm` (label-wise parallel decoding, the default), `ar` (the autoregressive baseline) or `fast_dllm` (a masked-diffusion model); default {DEFAULT_STRATEGY}")
-    decoder: Name | None = Field(None, description=f"how the answers' tokens are produced: a registered decoder (default {DEFAULT_DECODER}); a strategy's name here is read as `strategy` (its old name)")
-    backend: Name | None = Field(None, deprecated=True, description="the old name of `decoder`")
-    model: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(None, description="a shipped model name (default: the model of `language`, else the server's NER_MODEL)")
-    language: str | None = Field(None, min_length=2, max_length=16, description="the texts' language ('en', 'zh'): picks its default model when `model` is not given")
+    decoder: Name | None = Field(None, description=f"how the answers' tokens are produced: a registered decoder (default {DEFAULT_DECODER})")
+    model: Annotated[str, StringConstraints(min_length=1, max_length=255), ACCEPTABLE] | None = Field(None, description="a shipped model name (default: the model of `language`, else the server's NER_MODEL)")
+    language: Annotated[str, StringConstraints(min_length=2, max_length=16), ACCEPTABLE] | None = Field(None, description="the texts' language ('en', 'zh'): picks its default model when `model` is not given")
 
-    @field_validator("text")
+    @model_validator(mode="before")
     @classmethod
-    def _text_is_unicode(cls, text: str | None) -> str | None:
-        return None if text is None else _valid_unicode(text)
-
-    @field_validator("texts")
-    @classmethod
-    def _texts_are_unicode(cls, texts: list[str] | None) -> list[str] | None:
-        return None if texts is None else [_valid_unicode(text) for text in texts]
+    def _no_renamed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            refuse_renamed(data)  # `backend` is now `decoder`
+        return data
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> "EntitiesRequest":
@@ -66,7 +72,10 @@ class EntitiesRequest(BaseModel):
 
 
 class EntityOut(BaseModel):
-    """One entity: ``text == input[start:end]`` (character offsets)."""
+    """One entity: ``text == input[start:end]`` (character offsets); the API's answers and the
+    batch pipeline's stored entities alike."""
+
+    model_config = ConfigDict(from_attributes=True)
 
     start: int
     end: int
@@ -83,6 +92,7 @@ class StatsOut(BaseModel):
     unmatched_mentions: int
     latency_ms: float
     batch_texts: int
+    decoders: list[str] = Field(description="the token decoders that produced the batch's answers (none for `fast_dllm`)")
 
 
 class TextResult(BaseModel):
@@ -98,7 +108,10 @@ class EntitiesResponse(BaseModel):
     model: str
     labels: list[str]
     strategy: str
-    decoder: str
+    decoder: str = Field(description="the decoder asked for (or the default); `decoders_used` says which ran")
+    decoders_used: list[str] = Field(description="the token decoders that ran, over every result: the one asked for, greedy for a "
+                                                 "constrained re-ask of a decoder that shares the cache, copy for answers restricted to "
+                                                 "the text's spans; none for `fast_dllm`")
     results: list[TextResult]
     elapsed_ms: float = Field(description="time spent in the server, queueing included")
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
-from fastapi import Request
+from fastapi import Depends, Request, Response
+from fastapi.routing import APIRoute
 
 from ner_service.api.core.batching import MicroBatcher
 from ner_service.api.core.metrics import Metrics
@@ -23,6 +26,9 @@ class ApiState:
     metrics: Metrics
     guard: Guard
     load_error: str | None = None
+    #: What else ``/readyz`` asks, each saying why the service is not ready or ``None`` (the
+    #: assembled service adds the job broker's): bounded, as a probe must be.
+    readiness_checks: list[Callable[[], Awaitable[str | None]]] = field(default_factory=list)
 
 
 def api_state(request: Request) -> ApiState:
@@ -30,6 +36,27 @@ def api_state(request: Request) -> ApiState:
     return request.app.state.api
 
 
+class AuthenticatedRoute(APIRoute):
+    """A route that authenticates and rate-limits its caller before anything reads the body
+    (FastAPI reads and parses it before it solves dependencies): a request without a valid key is
+    answered 401 or 429 whatever its body, and costs no parsing. The ``route_class`` of every
+    router under ``/v1``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def authenticated(request: Request) -> Response:
+            request.state.caller = api_state(request).guard(request)
+            return await handler(request)
+
+        return authenticated
+
+
 def authorize(request: Request) -> str:
-    """FastAPI dependency of the ``/v1`` routes: the authenticated, rate-limited caller."""
-    return api_state(request).guard(request)
+    """FastAPI dependency: the caller that :class:`AuthenticatedRoute` authenticated."""
+    return request.state.caller
+
+
+#: The dependencies of the routes, as ``Annotated`` parameter types.
+StateDep = Annotated[ApiState, Depends(api_state)]
+CallerDep = Annotated[str, Depends(authorize)]

@@ -15,18 +15,18 @@ import torch
 
 from general_decoding.kv_cache import cache_bytes, select_rows
 from general_decoding.tree_attention import ancestor_mask, build_trie, join_tries, pack_rows
-from ner_service.engine.decoding import GroupInputs
+from ner_service.engine.group_decoding import GroupInputs
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.prefix_cache import PrefixCache
 
 
 @dataclass(frozen=True)
 class BranchRow:
-    """What one answer row feeds: ``sequences`` behind window ``window``'s prefix and the cached
+    """What one answer row feeds: ``sequences`` behind window ``window_index``'s prefix and the cached
     ``columns``; the first sequence ends at the row's answer node (whose logits give its next
     token), the others extend it (drafts to verify)."""
 
-    window: int
+    window_index: int
     columns: tuple[int, ...]
     sequences: list[list[int]]
 
@@ -61,12 +61,12 @@ class BranchForward:
         self.ner_model, self.prefix, self.rows = ner_model, prefix, rows
         groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}  # rows behind the same cached columns
         for r, row in enumerate(rows):
-            groups.setdefault((row.window, row.columns), []).append(r)
+            groups.setdefault((row.window_index, row.columns), []).append(r)
         tries = [build_trie([s for r in members for s in rows[r].sequences]) for members in groups.values()]
         by_cache_row: dict[int, list[int]] = {}
-        for g, (window, _) in enumerate(groups):
-            by_cache_row.setdefault(prefix.row_of[window], []).append(g)
-        node_rows = _node_rows(by_cache_row, [len(ids) for ids, _, _ in tries])
+        for g, (window_index, _) in enumerate(groups):
+            by_cache_row.setdefault(prefix.row_of[window_index], []).append(g)
+        node_rows = _node_rows(by_cache_row, [len(trie.ids) for trie in tries])
         width = prefix.cache.get_seq_length()  # a decoder that shares_cache may have extended it in place
         keys = list(groups)
         self.ends: list[list[Node]] = [[] for _ in rows]  # per row: the node each of its sequences ends at
@@ -74,13 +74,13 @@ class BranchForward:
         row_parents: list[list[int]] = []
         row_base: list[list[torch.Tensor]] = []  # per node: the cached columns it sees
         for node_row, (_, members) in enumerate(node_rows):
-            ids, parents, ends = join_tries([tries[g] for g in members])
-            row_ids.append(ids)
-            row_parents.append(parents)
+            joined = join_tries([tries[g] for g in members])
+            row_ids.append(joined.ids)
+            row_parents.append(joined.parents)
             row_base.append([])
-            for g, group_ends in zip(members, ends):
-                window, columns = keys[g]
-                row_base[node_row] += [prefix.visible(window, columns, width)] * len(tries[g][0])
+            for g, group_ends in zip(members, joined.ends):
+                window_index, columns = keys[g]
+                row_base[node_row] += [prefix.visible(window_index, columns, width)] * len(tries[g].ids)
                 sequence_ends = iter(group_ends)
                 for r in groups[keys[g]]:
                     self.ends[r] = [Node(node_row, next(sequence_ends)) for _ in rows[r].sequences]
@@ -105,7 +105,7 @@ class BranchForward:
         bias = torch.zeros(self.allowed.shape, dtype=model.dtype).masked_fill_(~self.allowed, torch.finfo(model.dtype).min)[:, None]
         with torch.inference_mode():
             self.hidden = model.get_decoder()(input_ids=input_ids.to(device), attention_mask=bias.to(device), position_ids=positions.to(device),
-                                              past_key_values=self.cache, use_cache=True).last_hidden_state
+                                              cache=self.cache, use_cache=True).last_hidden_state
 
     def logprobs(self, nodes: list[Node]) -> torch.Tensor:
         """``[len(nodes), vocabulary]`` next-token log-probabilities after each node (one pass of

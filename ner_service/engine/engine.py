@@ -20,6 +20,7 @@ from general_decoding import Decoder, get_decoder
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window, windows_of
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
+from ner_service.engine.options import ExtractOptions
 from ner_service.engine.results import Extraction, ExtractionStats
 from ner_service.engine.spans import Entity, align_mentions, resolve_label_conflicts
 from ner_service.engine.strategies import Strategy, StrategyOptions, strategy_class
@@ -27,23 +28,11 @@ from ner_service.engine.strategies import Strategy, StrategyOptions, strategy_cl
 if TYPE_CHECKING:
     from general_decoding.diffusion import BlockDiffusionSampler
 
-#: The token decoder of mention (and AR) answers unless a call names one: copy drafting gives
-#: greedy's tokens (lossless) in fewer forwards, since mentions are copied from the text.
-DEFAULT_DECODER = "copy"
-DEFAULT_STRATEGY = "padellm"
 #: The counts whose mention queries PaDeLLM feeds with the count queries, by device. On a GPU a
 #: forward's width is nearly free and the forward it saves is not; on this project's 2-core CPU
 #: the 25 tokens it adds to a sentence's first forward cost about what the saved forward gains
 #: (``benchmarks/padellm_vs_ar.py``: 2.53 against 2.97 forwards, 381 against 365 ms).
 SPECULATED_COUNTS = {"cuda": (1,), "cpu": ()}
-
-
-class UnknownLabelError(ValueError):
-    """A requested label that the model does not know."""
-
-
-class UnsupportedStrategyError(ValueError):
-    """A strategy the model cannot run (e.g. ``fast_dllm`` without a masked-diffusion model)."""
 
 
 class NEREngine:
@@ -78,26 +67,18 @@ class NEREngine:
     def name(self) -> str:
         return self.ner_model.config.name
 
-    def check_labels(self, labels: Sequence[str] | None) -> list[str]:
-        """The requested labels, validated (all of the model's labels when None)."""
-        if labels is None:
-            return self.labels
-        unknown = [label for label in labels if label not in self.ner_model.config.labels]
-        if unknown:
-            raise UnknownLabelError(f"unknown label(s) {', '.join(map(repr, unknown))}; this model knows: {', '.join(self.labels)}")
-        return list(dict.fromkeys(labels))
+    def options(self, labels: Sequence[str] | None = None, strategy: str | None = None, decoder: str | None = None) -> ExtractOptions:
+        """Options for this engine's model, validated (:meth:`ExtractOptions.validated`; None: the default)."""
+        return ExtractOptions(self.name, tuple(labels) if labels is not None else None, strategy, decoder).validated(self.ner_model.config)
 
     def strategy_options(self) -> StrategyOptions:
         """The engine's settings as its strategies read them."""
         return StrategyOptions(self.count_bias, self.repair_duplicates, self.repair_unaligned, self.speculated_counts, self.diffusion_sampler)
 
     def strategy(self, name: str) -> Strategy:
-        """The strategy registered as ``name``, on this engine's model and settings."""
-        cls = strategy_class(name)
-        reason = cls.unsupported_reason(self.ner_model.config)
-        if reason is not None:
-            raise UnsupportedStrategyError(reason)
-        return cls(self.ner_model, self.strategy_options())
+        """The strategy registered as ``name``, on this engine's model and settings (a name that
+        :meth:`ExtractOptions.validated` accepted for the model)."""
+        return strategy_class(name)(self.ner_model, self.strategy_options())
 
     def windows(self, texts: Sequence[str]) -> list[Window]:
         """The windows the texts are read in: each at most ``max_window_tokens`` tokens."""
@@ -108,21 +89,40 @@ class NEREngine:
         self,
         texts: Sequence[str],
         labels: Sequence[str] | None = None,
-        strategy: str | Strategy = DEFAULT_STRATEGY,
-        decoder: str | Decoder = DEFAULT_DECODER,
+        strategy: str | Strategy | None = None,
+        decoder: str | Decoder | None = None,
     ) -> list[Extraction]:
         """Entities of every text, in batches of ``max_batch_texts``. ``strategy`` is how the
         model is asked: a registered name (``padellm``, ``ar``, ``fast_dllm``) or a configured
         :class:`Strategy`; ``decoder`` how its answers' tokens are produced: a registered
-        decoder's name or a configured :class:`Decoder` (e.g. speculative with its draft model)."""
+        decoder's name or a configured :class:`Decoder` (e.g. speculative with its draft model).
+        Labels and names are validated by :meth:`options` (None: the default); configured
+        instances are used as they are."""
+        if isinstance(strategy, Strategy):
+            configured_strategy, strategy = strategy, None
+        else:
+            configured_strategy = None
+        if isinstance(decoder, Decoder):
+            configured_decoder, decoder = decoder, None
+        else:
+            configured_decoder = None
+        return self.extract_with(self.options(labels, strategy, decoder), texts, configured_strategy, configured_decoder)
+
+    def extract_with(self, options: ExtractOptions, texts: Sequence[str], strategy: Strategy | None = None,
+                     decoder: Decoder | None = None) -> list[Extraction]:
+        """Entities of every text with ``options`` as :meth:`ExtractOptions.validated` returned
+        them for this model (trusted: not checked again); ``strategy`` and ``decoder``, when
+        given, are configured instances used instead of the options' names."""
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, not a string")
-        asking = strategy if isinstance(strategy, Strategy) else self.strategy(strategy)
-        wanted = self.check_labels(labels)
-        generator = decoder if isinstance(decoder, Decoder) else get_decoder(decoder)
+        if options.labels is None or options.strategy is None or options.decoder is None:
+            raise ValueError(f"{options} are not validated: ExtractOptions.validated sets every field")
+        asking = strategy or self.strategy(options.strategy)
+        generator = decoder or get_decoder(options.decoder)
+        labels = list(options.labels)
         results: list[Extraction] = []
         for start in range(0, len(texts), self.max_batch_texts):
-            results.extend(self._extract_batch(list(texts[start:start + self.max_batch_texts]), wanted, asking, generator))
+            results.extend(self._extract_batch(list(texts[start:start + self.max_batch_texts]), labels, asking, generator))
         return results
 
     def _extract_batch(self, texts: list[str], labels: list[str], strategy: Strategy, decoder: Decoder) -> list[Extraction]:

@@ -13,11 +13,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-
-from general_decoding.skinny_linear import use_skinny_linear
+if TYPE_CHECKING:  # imported where a model loads: resolving a name (padellm-ner models) must not load torch
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,9 @@ def converted_gguf(gguf_path: Path) -> Path:
     target = cache_root() / "converted" / f"{gguf_path.stem}-{key}"
     if (target / "config.json").is_file():
         return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     log.info("converting %s to %s (once)", gguf_path, target)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -90,12 +93,17 @@ def converted_gguf(gguf_path: Path) -> Path:
 
 
 def load_causal_lm(
-    spec: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    spec: str | Path, dtype: torch.dtype | None = None, device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load model and tokenizer for ``spec`` in evaluation mode, its linear layers fast for
-    decoding on the CPU (:mod:`general_decoding.skinny_linear`)."""
+    """Load model and tokenizer for ``spec`` in evaluation mode (``dtype`` None: float32), its
+    linear layers fast for decoding on the CPU (:mod:`general_decoding.skinny_linear`)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from general_decoding.skinny_linear import use_skinny_linear
+
     folder = resolve_model_folder(spec)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).to(device).eval()
     use_skinny_linear(model)
     return model, tokenizer

@@ -10,12 +10,13 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from ner_service.engine.model_loading import ModelNotFoundError, load_causal_lm
+
+if TYPE_CHECKING:  # torch is imported by loading, not by reading a model's ner_model.json
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 CONFIG_FILE = "ner_model.json"
 log = logging.getLogger(__name__)
@@ -117,17 +118,21 @@ class NERModel:
     path: Path
 
     @classmethod
-    def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str = "cpu") -> "NERModel":
-        """Load by shipped name or folder; a LoRA adapter is merged into its base for speed."""
+    def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | None = None, device: str = "cpu") -> "NERModel":
+        """Load by shipped name or folder (``dtype`` None: float32); a LoRA adapter is merged into its base for speed."""
         folder = resolve_ner_model(name_or_path)
         config = NERModelConfig.read(folder)
         if config.base == SELF_CONTAINED:
             model, tokenizer = load_causal_lm(folder, dtype=dtype, device=device)
         else:
+            import warnings
+
             from peft import PeftModel
 
             base, tokenizer = load_base(config.base, dtype, device)
-            model = PeftModel.from_pretrained(base, folder).merge_and_unload().eval()
+            with warnings.catch_warnings():  # peft asks transformers for an attribute it deprecated; nothing to act on here
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                model = PeftModel.from_pretrained(base, folder).merge_and_unload().eval()
         if config.eos_token and tokenizer.eos_token != config.eos_token:
             # tokenizer versions disagree on a GGUF's end token: answers end with the one trained on
             log.warning("end token %r of the base tokenizer replaced by %r, as trained", tokenizer.eos_token, config.eos_token)
@@ -158,9 +163,9 @@ class NERModel:
         return self.model.device
 
 
-def load_base(base: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_base(base: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """What an adapter is stacked on (and what training starts from): a causal LM, or another NER
-    model, its own adapter merged."""
+    model, its own adapter merged (``dtype`` None: float32)."""
     try:
         stacked = resolve_ner_model(base)
     except ModelNotFoundError:

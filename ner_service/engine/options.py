@@ -3,63 +3,95 @@ and the command line: the model, the labels, the strategy (how the model is aske
 ``ar``, ``fast_dllm``) and the decoder (how its answers' tokens are produced: a registered
 :mod:`general_decoding` decoder).
 
-Callers written before the two words were told apart sent ``decoder`` for the strategy and
-``backend`` for the decoder; :func:`resolve_aliases` still reads them (strategy and decoder
-names never overlap, so a ``decoder`` that names a strategy is one).
+:meth:`ExtractOptions.validated` is the one rule: it resolves the defaults (no labels: all of the
+model's labels; no strategy or decoder: :mod:`.defaults`) and checks every name against the
+model. The engine trusts options it validated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from general_decoding import available_decoders
-from ner_service.engine.engine import DEFAULT_DECODER, DEFAULT_STRATEGY
+from general_decoding import UnknownDecoderError, available_decoders
+from ner_service.engine.defaults import DEFAULT_DECODER, DEFAULT_STRATEGY
 from ner_service.engine.ner_model import NERModelConfig
-from ner_service.engine.strategies import available_strategies, strategy_class
+from ner_service.engine.strategies import UnknownStrategyError, available_strategies, strategy_class
 
 #: Decoders that need more than a name (a loaded draft model): the engine's callers cannot pick them.
 CONFIGURED_ONLY = {"speculative": "it needs a loaded draft model"}
+#: Option names of before 0.1 and the names that replaced them: refused, naming the new one.
+RENAMED_OPTIONS = {"backend": "decoder"}
 
 
 class InvalidOptionsError(ValueError):
     """Options the model cannot run; the message says what it supports."""
 
 
+class UnknownLabelError(InvalidOptionsError):
+    """A requested label that the model does not know."""
+
+
+class UnsupportedStrategyError(InvalidOptionsError):
+    """A strategy the model cannot run (e.g. ``fast_dllm`` without a masked-diffusion model)."""
+
+
+class UnknownStrategyOptionError(InvalidOptionsError, UnknownStrategyError):
+    """A strategy name that is not registered."""
+
+
+class UnknownDecoderOptionError(InvalidOptionsError, UnknownDecoderError):
+    """A decoder name that is not registered."""
+
+
 @dataclass(frozen=True)
 class ExtractOptions:
     """One extraction request's options (hashable: requests with equal options batch together).
-    ``labels`` None means every label of the model."""
+    As a caller fills them, None means the default; once :meth:`validated`, every field is set."""
 
     model: str
     labels: tuple[str, ...] | None = None
-    strategy: str = DEFAULT_STRATEGY
-    decoder: str = DEFAULT_DECODER
+    strategy: str | None = None
+    decoder: str | None = None
 
     def validated(self, config: NERModelConfig) -> "ExtractOptions":
-        """These options checked against the model's ``ner_model.json``: labels deduplicated and
-        sorted; :class:`InvalidOptionsError` naming what is wrong and what the model supports."""
-        labels = None
-        if self.labels is not None:
-            if not self.labels:
-                raise InvalidOptionsError("labels must not be empty (leave them out for all of the model's labels)")
-            unknown = [label for label in self.labels if label not in config.labels]
-            if unknown:
-                raise InvalidOptionsError(f"unknown label(s) {', '.join(map(repr, unknown))} for model {self.model!r}; "
-                                          f"it knows: {', '.join(config.labels)}")
-            labels = tuple(sorted(set(self.labels)))
-        if self.strategy not in available_strategies():
-            raise InvalidOptionsError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(available_strategies())}")
-        reason = strategy_class(self.strategy).unsupported_reason(config)
-        if reason is not None:
-            raise InvalidOptionsError(f"{reason}; model {self.model!r} supports the strategies {', '.join(supported_strategies(config))}")
-        if self.decoder not in available_decoders():
-            raise InvalidOptionsError(f"unknown decoder {self.decoder!r}; available: {', '.join(available_decoders())}")
-        reason = decoder_unsupported_reason(self.decoder, config)
-        if reason is not None:
-            raise InvalidOptionsError(f"decoder {self.decoder!r} cannot run on model {self.model!r}: {reason}; "
-                                      f"it supports: {', '.join(supported_decoders(config))}")
-        return ExtractOptions(self.model, labels, self.strategy, self.decoder)
+        """These options checked against the model's ``ner_model.json``, defaults filled in: no
+        labels are all of the model's labels, given labels are deduplicated and sorted. Raises an
+        :class:`InvalidOptionsError` naming what is wrong and what the model supports."""
+        labels = _labels(self.labels, config, self.model)
+        strategy = _strategy(self.strategy or DEFAULT_STRATEGY, config, self.model)
+        return ExtractOptions(self.model, labels, strategy, _decoder(self.decoder or DEFAULT_DECODER, config, self.model))
+
+
+def _labels(labels: tuple[str, ...] | None, config: NERModelConfig, model: str) -> tuple[str, ...]:
+    if labels is None:
+        return tuple(config.labels)
+    if not labels:
+        raise InvalidOptionsError("labels must not be empty (leave them out for all of the model's labels)")
+    unknown = [label for label in labels if label not in config.labels]
+    if unknown:
+        raise UnknownLabelError(f"unknown label(s) {', '.join(map(repr, unknown))} for model {model!r}; it knows: {', '.join(config.labels)}")
+    return tuple(sorted(set(labels)))
+
+
+def _strategy(name: str, config: NERModelConfig, model: str) -> str:
+    try:
+        reason = strategy_class(name).unsupported_reason(config)
+    except UnknownStrategyError as error:
+        raise UnknownStrategyOptionError(str(error)) from None
+    if reason is not None:
+        raise UnsupportedStrategyError(f"{reason}; model {model!r} supports the strategies {', '.join(supported_strategies(config))}")
+    return name
+
+
+def _decoder(name: str, config: NERModelConfig, model: str) -> str:
+    if name not in available_decoders():
+        hint = f" ({name!r} is a strategy: send it as `strategy`)" if name in available_strategies() else ""
+        raise UnknownDecoderOptionError(f"unknown decoder {name!r}{hint}; available: {', '.join(available_decoders())}")
+    reason = decoder_unsupported_reason(name, config)
+    if reason is not None:
+        raise InvalidOptionsError(f"decoder {name!r} cannot run on model {model!r}: {reason}; it supports: {', '.join(supported_decoders(config))}")
+    return name
 
 
 def decoder_unsupported_reason(name: str, config: NERModelConfig) -> str | None:
@@ -81,23 +113,9 @@ def supported_strategies(config: NERModelConfig) -> list[str]:
     return [name for name in available_strategies() if strategy_class(name).unsupported_reason(config) is None]
 
 
-def resolve_aliases(strategy: str | None = None, decoder: str | None = None, backend: str | None = None) -> tuple[str, str]:
-    """``(strategy, decoder)`` from the fields a caller sent, old names included: ``decoder`` with
-    a strategy's name and no ``strategy`` is the strategy, ``backend`` is the decoder. Defaults
-    fill what is missing; an old and a new name that disagree are an :class:`InvalidOptionsError`."""
-    if decoder is not None and decoder in available_strategies():
-        if strategy is not None and strategy != decoder:
-            raise InvalidOptionsError(f"strategy {strategy!r} and decoder {decoder!r} (the old name of the strategy) disagree")
-        strategy, decoder = decoder, None
-    if backend is not None:
-        if decoder is not None and decoder != backend:
-            raise InvalidOptionsError(f"decoder {decoder!r} and backend {backend!r} (the old name of the decoder) disagree")
-        decoder = backend
-    return strategy or DEFAULT_STRATEGY, decoder or DEFAULT_DECODER
-
-
-def options_from(model: str, labels: Sequence[str] | None = None, strategy: str | None = None, decoder: str | None = None,
-                 backend: str | None = None) -> ExtractOptions:
-    """:class:`ExtractOptions` from a caller's fields, old names included (not yet validated)."""
-    strategy, decoder = resolve_aliases(strategy, decoder, backend)
-    return ExtractOptions(model, tuple(labels) if labels is not None else None, strategy, decoder)
+def refuse_renamed(fields: Iterable[str], renamed: Mapping[str, str] = RENAMED_OPTIONS, where: str = "") -> None:
+    """An :class:`InvalidOptionsError` for the first of ``fields`` that ``renamed`` lists: "`old`
+    ``where`` is now `new`" (the service answers old option names with the name to send)."""
+    for field in fields:
+        if field in renamed:
+            raise InvalidOptionsError(f"`{field}`{where} is now `{renamed[field]}`")

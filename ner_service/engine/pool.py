@@ -19,7 +19,7 @@ import torch
 from ner_service.engine.engine import NEREngine
 from ner_service.engine.model_loading import ModelNotFoundError
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel, NERModelConfig, model_for_language, resolve_ner_model, shipped_model_names
-from ner_service.engine.options import ExtractOptions, options_from
+from ner_service.engine.options import ExtractOptions
 from ner_service.engine.results import Extraction
 
 log = logging.getLogger(__name__)
@@ -82,11 +82,11 @@ class EnginePool:
         return model_for_language(language, self.default)
 
     def options(self, model: str | None = None, language: str | None = None, labels: Sequence[str] | None = None,
-                strategy: str | None = None, decoder: str | None = None, backend: str | None = None) -> ExtractOptions:
-        """Validated :class:`ExtractOptions` from a caller's fields (old field names included):
-        ``model``, else the model of ``language``, else the default."""
+                strategy: str | None = None, decoder: str | None = None) -> ExtractOptions:
+        """Validated :class:`ExtractOptions` (:meth:`ExtractOptions.validated`) of ``model``, else
+        the model of ``language``, else the default; None: the default labels, strategy, decoder."""
         name = model or self.model_for(language)
-        return options_from(name, labels, strategy, decoder, backend).validated(self.config(name))
+        return ExtractOptions(name, tuple(labels) if labels is not None else None, strategy, decoder).validated(self.config(name))
 
     def is_loaded(self, name: str) -> bool:
         return name in self._models
@@ -112,6 +112,5 @@ class EnginePool:
             return self._engines[name, size]
 
     def extract(self, options: ExtractOptions, texts: Sequence[str], max_batch_texts: int | None = None) -> list[Extraction]:
-        """The engine of ``options.model`` run on ``texts`` with ``options``."""
-        return self.engine(options.model, max_batch_texts).extract(texts, labels=options.labels, strategy=options.strategy,
-                                                                   decoder=options.decoder)
+        """The engine of ``options.model`` run on ``texts`` with ``options`` (from :meth:`options`)."""
+        return self.engine(options.model, max_batch_texts).extract_with(options, texts)

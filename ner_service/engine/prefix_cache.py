@@ -62,18 +62,18 @@ class PrefixCache:
         for row, (members, row_offsets) in enumerate(zip(rows, offsets)):
             for w, offset in zip(members, row_offsets):
                 row_of[w], start[w] = row, offset
-        trie_ids, trie_parents, ends = trie
+        ends = trie.ends
         node_paths: list[tuple[int, ...]] = []
-        for token, parent in zip(trie_ids, trie_parents):
+        for token, parent in zip(trie.ids, trie.parents):
             node_paths.append((node_paths[parent] if parent >= 0 else ()) + (token,))
         with torch.inference_mode():
             out = model.get_decoder()(input_ids=ids.to(device), attention_mask=tree_mask.to(device), position_ids=positions.to(device),
-                                      past_key_values=DynamicCache(), use_cache=True)
+                                      cache=DynamicCache(), use_cache=True)
             logits = model.get_output_embeddings()(out.last_hidden_state[
                 [row_of[w] for w in range(len(windows)) for _ in ends],
                 [start[w] + len(p) + end for w, p in enumerate(tokens) for end in ends]])
         mask = torch.zeros(len(windows), ids.shape[1], dtype=torch.long, device=device)
-        prefix_cache = cls(tokens, out.past_key_values, mask, row_of)
+        prefix_cache = cls(tokens, out.cache, mask, row_of)
         for w, p in enumerate(tokens):
             mask[w, start[w]:start[w] + len(p)] = 1
             first_node = start[w] + len(p)
@@ -86,15 +86,15 @@ class PrefixCache:
         """Whether the cache holds every window in one row (branches then extend it in place)."""
         return self.cache.layers[0].keys.shape[0] == 1
 
-    def window_cache(self, window: int) -> Cache:
-        """The cache holding window ``window``'s prefix once: the shared cache itself when it
+    def window_cache(self, window_index: int) -> Cache:
+        """The cache holding window ``window_index``'s prefix once: the shared cache itself when it
         holds a single row, else a copy of the window's row."""
-        return self.cache if self.shared_row else select_rows(self.cache, [self.row_of[window]])
+        return self.cache if self.shared_row else select_rows(self.cache, [self.row_of[window_index]])
 
     def continuation(self, branch: Branch) -> Continuation:
         """What ``branch`` feeds: the rest after the longest cached path it begins with (at least
         one token is fed, whose logits are the branch's)."""
-        paths = self.paths[branch.window]
+        paths = self.paths[branch.window_index]
         cached = 0
         while cached < len(branch.tokens) - 1 and tuple(branch.tokens[: cached + 1]) in paths:
             cached += 1
@@ -103,16 +103,16 @@ class PrefixCache:
 
     def cached_logits(self, branch: Branch) -> torch.Tensor | None:
         """The next-token logits after ``branch`` when it was encoded whole, else None."""
-        return self.logits[branch.window].get(tuple(branch.tokens))
+        return self.logits[branch.window_index].get(tuple(branch.tokens))
 
-    def path_columns(self, window: int, tokens: list[int]) -> tuple[int, ...]:
+    def path_columns(self, window_index: int, tokens: list[int]) -> tuple[int, ...]:
         """The cached columns of a branch path encoded whole."""
-        paths = self.paths[window]
+        paths = self.paths[window_index]
         return tuple(paths[tuple(tokens[:i])] for i in range(1, len(tokens) + 1))
 
-    def visible(self, window: int, columns: tuple[int, ...], width: int) -> torch.Tensor:
-        """``[width]`` bool: the cached columns a branch of ``window`` after ``columns`` sees."""
+    def visible(self, window_index: int, columns: tuple[int, ...], width: int) -> torch.Tensor:
+        """``[width]`` bool: the cached columns a branch of window ``window_index`` after ``columns`` sees."""
         seen = torch.zeros(width, dtype=torch.bool, device=self.mask.device)
-        seen[: self.mask.shape[1]] = self.mask[window].bool()
+        seen[: self.mask.shape[1]] = self.mask[window_index].bool()
         seen[list(columns)] = True
         return seen

@@ -4,29 +4,41 @@ decoded behind a window's prefix, and a decoded mention answer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ner_service.engine import prompts
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.spans import Mention
 
 
+class WindowLabel(NamedTuple):
+    """A label in one window (by its index in the batch's windows): what a count is counted for."""
+
+    window_index: int
+    label: str
+
+
 @dataclass(frozen=True)
 class MentionQuery:
-    """"The ``k``-th of the ``count`` mentions of ``label`` in window ``window``?" """
+    """"The ``k``-th of the ``count`` mentions of ``label`` in window ``window_index``?" """
 
-    window: int
+    window_index: int
     label: str
     count: int
     k: int
+
+    @property
+    def window_label(self) -> WindowLabel:
+        return WindowLabel(self.window_index, self.label)
 
     def token_ids(self, ner_model: NERModel) -> list[int]:
         shown = ner_model.config.prompt_name(self.label)
         return prompts.query_ids(ner_model.tokenizer, prompts.mention_query(shown, self.count, self.k))
 
 
-def mention_queries(counts: dict[tuple[int, str], int]) -> list[MentionQuery]:
+def mention_queries(counts: dict[WindowLabel, int]) -> list[MentionQuery]:
     """One query per k of each (window, label) count."""
-    return [MentionQuery(window, label, n, k) for (window, label), n in counts.items() for k in range(1, n + 1)]
+    return [MentionQuery(key.window_index, key.label, n, k) for key, n in counts.items() for k in range(1, n + 1)]
 
 
 def count_query_ids(ner_model: NERModel, label: str) -> list[int]:
@@ -36,12 +48,16 @@ def count_query_ids(ner_model: NERModel, label: str) -> list[int]:
 
 @dataclass(frozen=True)
 class Branch:
-    """Tokens fed behind window ``window``'s prefix; a branch that starts with ``label``'s count
-    query continues that label's cached count branch (only the rest is fed)."""
+    """Tokens fed behind window ``window_index``'s prefix; a branch that starts with ``label``'s
+    count query continues that label's cached count branch (only the rest is fed)."""
 
-    window: int
+    window_index: int
     label: str
     tokens: list[int]
+
+    @property
+    def window_label(self) -> WindowLabel:
+        return WindowLabel(self.window_index, self.label)
 
 
 @dataclass(frozen=True)

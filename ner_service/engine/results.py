@@ -6,8 +6,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ner_service.engine.spans import Entity
+
+if TYPE_CHECKING:
+    from general_decoding import Decoder
 
 
 @dataclass
@@ -21,6 +25,17 @@ class ExtractionStats:
     batch_texts: int = 0
     kv_cache_bytes: int = 0  # peak bytes of KV cache held while decoding (PaDeLLM's branches)
     phase_ms: dict[str, float] = field(default_factory=dict)  # where the time went, by the strategy's phases
+    #: The token decoders that produced the batch's answers, in the order they first ran: the one
+    #: asked for, and any the strategy used instead (greedy for a constrained re-ask of a decoder
+    #: that shares the cache, copy for answers restricted to the text's spans); none for a
+    #: strategy without a token decoder (``fast_dllm``).
+    decoders: list[str] = field(default_factory=list)
+
+    def ran(self, decoder: "Decoder | str") -> None:
+        """Record that ``decoder`` (or the decoder of that name) produced some of the batch's tokens."""
+        name = decoder if isinstance(decoder, str) else decoder.name or type(decoder).__name__
+        if name not in self.decoders:
+            self.decoders.append(name)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -32,12 +47,12 @@ class ExtractionStats:
             self.phase_ms[name] = self.phase_ms.get(name, 0.0) + (time.perf_counter() - began) * 1000
 
     def to_dict(self) -> dict[str, object]:
-        return {**self.__dict__, "phase_ms": dict(self.phase_ms)}
+        return {**self.__dict__, "phase_ms": dict(self.phase_ms), "decoders": list(self.decoders)}
 
     @classmethod
     def combined(cls, parts: "list[ExtractionStats]") -> "ExtractionStats":
         """The cost of one text processed in several calls: counts, times and phases add up; the
-        batch size and the cache peak are the largest of them."""
+        batch size and the cache peak are the largest of them; the decoders are all that ran."""
         stats = cls(
             forward_passes=sum(p.forward_passes for p in parts),
             generated_tokens=sum(p.generated_tokens for p in parts),
@@ -49,6 +64,8 @@ class ExtractionStats:
         for part in parts:
             for phase, ms in part.phase_ms.items():
                 stats.phase_ms[phase] = stats.phase_ms.get(phase, 0.0) + ms
+            for decoder in part.decoders:
+                stats.ran(decoder)
         return stats
 
 

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from padellm_ner.asgi import create_app
 from ner_service.settings import Settings
+from tests.local_services import PrivateRedis, free_port
 
 TINY = "tiny-conll03"
 
@@ -65,3 +66,12 @@ def client() -> Iterator[TestClient]:
 @pytest.fixture
 def app_factory() -> Callable[..., FastAPI]:
     return lambda **overrides: create_app(tiny_settings(**overrides))
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis of the test module's own (its tests may stop or flush it)."""
+    server = PrivateRedis(free_port(), tmp_path_factory.mktemp("redis") / "redis.log")
+    server.start()
+    yield server.url
+    server.stop()

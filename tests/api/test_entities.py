@@ -42,16 +42,23 @@ def test_several_texts_keep_their_order_and_options(client: TestClient, tiny_eng
     assert body["results"][2] == {"entities": [], "stats": body["results"][2]["stats"]}  # the empty text
 
 
-@pytest.mark.parametrize(("fields", "strategy", "decoder"), [
-    ({"decoder": "ar"}, "ar", "copy"),  # the old ``decoder`` named the strategy
-    ({"decoder": "ar", "backend": "greedy"}, "ar", "greedy"),  # ... and ``backend`` the decoder
-    ({"backend": "anpd"}, "padellm", "anpd"),
-    ({"strategy": "ar", "decoder": "ar", "backend": "greedy"}, "ar", "greedy"),
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"decoder": "ar"}, "'ar' is a strategy: send it as `strategy`"),  # the old ``decoder`` named the strategy
+    ({"backend": "anpd"}, "`backend` is now `decoder`"),  # ... and ``backend`` the decoder
+    ({"strategy": "ar", "decoder": "ar", "backend": "greedy"}, "`backend` is now `decoder`"),
 ])
-def test_the_old_field_names_are_still_understood(client: TestClient, fields: dict, strategy: str, decoder: str) -> None:
+def test_the_old_field_names_are_refused_naming_the_new_ones(client: TestClient, fields: dict, message: str) -> None:
     response = client.post("/v1/entities", json={"text": TEXTS[0], "model": TINY} | fields)
+    assert response.status_code == 422 and message in response.text, response.text
+
+
+@pytest.mark.parametrize(("decoder", "used"), [(None, ["copy"]), ("greedy", ["greedy"])])
+def test_the_response_says_which_decoders_ran(client: TestClient, decoder: str | None, used: list[str]) -> None:
+    response = client.post("/v1/entities", json={"texts": TEXTS, "strategy": "ar", "decoder": decoder})
     assert response.status_code == 200, response.text
-    assert (response.json()["strategy"], response.json()["decoder"]) == (strategy, decoder)
+    body = response.json()
+    assert body["decoder"] == (decoder or DEFAULT_DECODER) and body["decoders_used"] == used
+    assert all(result["stats"]["decoders"] == used for result in body["results"] if result["entities"] or result["stats"]["forward_passes"])
 
 
 def test_request_id_is_honoured_or_generated(client: TestClient) -> None:
@@ -77,10 +84,10 @@ BAD_REQUESTS = [
     pytest.param({"json": {"text": "a", "labels": ["PER", "FOOD"]}}, 422, "unknown label(s) 'FOOD'", id="unknown label"),
     pytest.param({"json": {"text": "a", "strategy": "beam"}}, 422, "unknown strategy 'beam'", id="unknown strategy"),
     pytest.param({"json": {"text": "a", "decoder": "beam"}}, 422, "unknown decoder 'beam'", id="unknown decoder"),
-    pytest.param({"json": {"text": "a", "backend": "magic"}}, 422, "unknown decoder 'magic'", id="unknown backend"),
-    pytest.param({"json": {"text": "a", "strategy": "ar", "decoder": "padellm"}}, 422, "disagree", id="old and new names disagree"),
+    pytest.param({"json": {"text": "a", "backend": "magic"}}, 422, "`backend` is now `decoder`", id="the old name of the decoder"),
+    pytest.param({"json": {"text": "a", "strategy": "ar", "decoder": "padellm"}}, 422, "'padellm' is a strategy", id="a strategy as decoder"),
     pytest.param({"json": {"text": "a", "decoder": "lud"}}, 422, "not fine-tuned for lexical units", id="lud on a model without"),
-    pytest.param({"json": {"text": "a", "backend": "speculative"}}, 422, "needs a loaded draft model", id="speculative by name"),
+    pytest.param({"json": {"text": "a", "decoder": "speculative"}}, 422, "needs a loaded draft model", id="speculative by name"),
     pytest.param({"json": {"text": "a", "strategy": "fast_dllm"}}, 422, "supports the strategies padellm, ar", id="fast_dllm on an AR model"),
     pytest.param({"json": {"text": "a", "labels": ["x" * 65]}}, 422, "at most 64 characters", id="label too long"),
     pytest.param({"json": {"text": "a", "labels": ["PER"] * 65}}, 422, "at most 64 items", id="too many labels"),

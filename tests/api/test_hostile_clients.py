@@ -24,25 +24,17 @@ import pytest
 
 from ner_service.api.core.work import pieces_of, work_of
 from ner_service.settings import Settings
-from tests.local_services import PrivateRedis, free_port, live_server
+from tests.local_services import live_server
 
 TEXT = "EU rejects German call to boycott British lamb ."
 ALPHA, BETA = {"X-API-Key": "alpha-key"}, {"X-API-Key": "beta-key"}
-#: The longest text a request may hold (NER_MAX_TEXT_CHARS): about 100 pieces of engine work.
+#: The longest text a request may hold (NER_MAX_TEXT_CHARS): about 150 pieces of engine work.
 LONG_TEXT = " ".join(f"Peter Blackburn of Reuters met officials in Brussels on day {i} ." for i in range(400))[:20_000]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = PrivateRedis(free_port(), tmp_path_factory.mktemp("redis") / "redis.log")
-    server.start()
-    yield server.url
-    server.stop()
 
 
 def _env(folder: Path, redis_url: str, **overrides: str) -> dict[str, str]:
     return {"NER_MODEL": "tiny-conll03", "NER_API_KEYS": "alpha-key,beta-key", "NER_RATE_LIMIT_PER_MINUTE": "100000",
-            "NER_MAX_REQUEST_TOKENS": "40000",
+            "NER_MAX_REQUEST_TOKENS": "60000",
             "DATABASE_URL": f"sqlite:///{folder / 'pipeline.db'}", "REDIS_URL": redis_url, **overrides}
 
 
@@ -92,8 +84,7 @@ def test_two_keys_never_see_each_others_jobs_documents_or_entities(server: str) 
 
 def test_capabilities_a_model_lacks_are_422_with_what_it_supports(server: str) -> None:
     with httpx.Client(base_url=server, timeout=60) as http:
-        for field, value in (("decoder", "lud"), ("decoder", "speculative"), ("backend", "lud"), ("strategy", "fast_dllm"),
-                             ("decoder", "fast_dllm")):
+        for field, value in (("decoder", "lud"), ("decoder", "speculative"), ("strategy", "fast_dllm")):
             response = http.post("/v1/entities", headers=ALPHA, json={"text": TEXT, field: value})
             assert response.status_code == 422, (field, value, response.text)
             assert "support" in response.json()["detail"] or "masked-diffusion" in response.json()["detail"]
@@ -174,7 +165,7 @@ def test_a_burst_beyond_capacity_gets_429_with_retry_after_and_no_5xx(tmp_path: 
     arrive meanwhile are shed with 429 and Retry-After; none is a 504 or another 5xx."""
     bodies = [{"texts": [f"{TEXT} {index:03d} {k}" for k in range(8)]} for index in range(128)]
     [tokens] = {sum(work_of(text) for text in body["texts"]) for body in bodies}  # every request is the same work
-    budget_s, ms_per_token = 30.0 * 0.8, 16.0  # NER_REQUEST_TIMEOUT_S * NER_ADMISSION_FRACTION
+    budget_s, ms_per_token = 30.0 * 0.8, 14.0  # NER_REQUEST_TIMEOUT_S * NER_ADMISSION_FRACTION
     assert 8 * tokens * ms_per_token / 1000 <= budget_s < 9 * tokens * ms_per_token / 1000  # 8 fit, not 9
     env = _env(tmp_path, redis_url, NER_REQUEST_TIMEOUT_S="30", NER_FIXED_MS_PER_TOKEN=str(ms_per_token),
                NER_BATCH_MAX_TEXTS="64", NER_BATCH_WAIT_MS="2000")
@@ -192,14 +183,16 @@ def test_a_burst_beyond_capacity_gets_429_with_retry_after_and_no_5xx(tmp_path: 
             assert "at capacity" in answer.json()["detail"] and 1 <= int(answer.headers["Retry-After"]) <= 30, answer.text
 
 
-def test_wrong_keys_from_one_address_are_throttled(tmp_path: Path, redis_url: str) -> None:
+def test_wrong_keys_from_one_address_are_throttled_and_right_keys_pass(tmp_path: Path, redis_url: str) -> None:
     env = _env(tmp_path, redis_url, NER_AUTH_FAILURES_PER_MINUTE="3")
     with live_server(env, tmp_path / "uvicorn.log") as url, httpx.Client(base_url=url, timeout=30) as http:
         codes = [http.get("/v1/models", headers={"X-API-Key": f"guess-{i}"}).status_code for i in range(5)]
         assert codes == [401, 401, 401, 429, 429]
-        throttled = http.get("/v1/models", headers=ALPHA)  # even a right key, from this address, for a while
+        throttled = http.post("/v1/entities", json={"text": TEXT})  # a missing key is a failure too
         assert throttled.status_code == 429 and int(throttled.headers["Retry-After"]) >= 1
         assert "failed authentications" in throttled.json()["detail"]
+        # a tenant at the same address (behind the same NAT or ingress) is not locked out by a stranger's guesses
+        assert [http.get("/v1/models", headers=ALPHA).status_code for _ in range(5)] == [200] * 5
 
 
 def test_an_unmigrated_database_is_migrated_on_start_or_refused(tmp_path: Path, redis_url: str) -> None:

@@ -10,6 +10,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import SHIPPED_EN
@@ -18,6 +19,10 @@ from tests.local_services import live_server
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 TEXT = "Angela Merkel met Emmanuel Macron in Paris ."
+#: Characters of two UTF-16 units (emoji), flags (pairs of regional indicators), skin-tone
+#: modifiers and a ZWJ sequence before the entities: the API counts code points, JavaScript
+#: strings UTF-16 units.
+EMOJI_TEXT = "😀🎉 Barack Obama met 🇫🇷🇩🇪 Angela Merkel and 👍🏽👩🏿‍💻 Emmanuel Macron in 🇬🇧 London ."
 
 pytestmark = [
     pytest.mark.slow,
@@ -110,3 +115,36 @@ def test_the_page_highlights_entities_in_chromium(server: str, browser, tmp_path
     assert [s.text for s in browser.find_elements(By.CSS_SELECTOR, "#legend span")] == ["PER (2)"]
     assert timing.startswith("2 entities in ") and "forward passes, ar, en-conll03)" in timing
     _screenshot(browser, tmp_path, "page_ar_per.png")
+
+
+def _rendered(driver) -> tuple[list[tuple[str, str]], str]:
+    """The highlighted texts with their labels, and the whole text shown (without the label tags)."""
+    marks, shown = driver.execute_script("""
+        const result = document.getElementById("result");
+        const marks = [...result.querySelectorAll("mark.entity")].map((m) => [m.firstChild.textContent, m.dataset.label]);
+        const shown = result.cloneNode(true);
+        shown.querySelectorAll(".tag").forEach((tag) => tag.remove());
+        return [marks, shown.textContent];
+    """)
+    return [(text, label) for text, label in marks], shown
+
+
+def test_the_page_highlights_the_entities_after_emoji_flags_and_skin_tones(server: str, browser) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    labels = ["LOC", "MISC", "ORG", "PER"]
+    answer = httpx.post(server + "/v1/entities", json={"text": EMOJI_TEXT, "labels": labels}, timeout=300)
+    entities = answer.json()["results"][0]["entities"]
+    found = [(e["text"], e["label"]) for e in entities]
+    assert ("Barack Obama", "PER") in found and ("Emmanuel Macron", "PER") in found and ("London", "LOC") in found, found
+    assert all(EMOJI_TEXT[e["start"]:e["end"]] == e["text"] for e in entities)  # the API's offsets count code points
+
+    browser.get(server + "/")
+    WebDriverWait(browser, 60).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    # chromedriver types only the Basic Multilingual Plane: the text is set as a paste would
+    browser.execute_script("arguments[0].value = arguments[1]", browser.find_element(By.ID, "text"), EMOJI_TEXT)
+    _submit(browser, "padellm", set(labels))
+    marks, shown = _rendered(browser)
+    assert marks == found  # each highlight is its entity's text, after every emoji
+    assert shown == EMOJI_TEXT  # and the text around them is whole

@@ -8,6 +8,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,10 @@ def _admin():
     return psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5)
 
 
-@pytest.fixture
-def postgresql_url() -> Iterator[str]:
-    """A new, empty PostgreSQL database; dropped after the test."""
+@contextmanager
+def new_postgresql_database() -> Iterator[str]:
+    """A new, empty PostgreSQL database (its URL); dropped afterwards. Skips when PostgreSQL is not
+    reachable."""
     try:
         admin = _admin()
     except Exception as error:  # noqa: BLE001
@@ -55,6 +57,23 @@ def postgresql_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def postgresql_url() -> Iterator[str]:
+    """A new, empty PostgreSQL database; dropped after the test."""
+    with new_postgresql_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def module_database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An empty database of each kind for the tests of one module (a server they share)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'pipeline.db'}"
+        return
+    with new_postgresql_database() as url:
+        yield url
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'pipeline.db'}"
 
@@ -67,11 +86,14 @@ def database_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def migrated(database_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """``database_url`` upgraded to head and made the ``DATABASE_URL`` of the test."""
+    """``database_url`` made the ``DATABASE_URL`` of the test (before anything reads the settings)
+and upgraded to head."""
+    from ner_service.settings import get_settings
     from pipeline.db import upgrade
 
-    upgrade(database_url)
     monkeypatch.setenv("DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    upgrade(database_url)
     return database_url
 
 

@@ -11,7 +11,7 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from pipeline import crud, processing
+from pipeline import crud
 from pipeline.model_version import model_version_of_path
 from pipeline.models import Document, Job
 
@@ -60,7 +60,7 @@ def test_inline_job_is_stored_and_enqueued(client: TestClient, redis_db13: str, 
     entities = client.get(f"/v1/documents/{first}/entities").json()
     assert entities == {"document_id": first, "external_id": "doc-0", "status": "pending", "error": None, "model_version": None, "entities": []}
     # resubmitting the same external ids reuses the documents
-    again = client.post("/v1/jobs", json={"documents": docs[:2], "decoder": "ar"})  # the old name of the strategy
+    again = client.post("/v1/jobs", json={"documents": docs[:2], "strategy": "ar"})
     assert again.status_code == 202 and again.json()["total"] == 2 and again.json()["strategy"] == "ar"
     assert again.json()["document_ids"] == body["document_ids"][:2]
     by_id = client.post("/v1/jobs", json={"document_ids": [first, body["document_ids"][-1]]})
@@ -96,9 +96,9 @@ def test_processed_document_entities(client: TestClient, sessions, tiny_engine) 
     ({"documents": [{"text": "  "}]}, 422, "empty text"),
     ({"documents": [{"text": "a\ud800b"}]}, 422, "unpaired surrogate at character 1"),
     ({"document_ids": [41]}, 422, "UUID"),
-    ({"documents": [{"text": "a"}], "decoder": "beam"}, 422, "unknown strategy 'beam'"),
+    ({"documents": [{"text": "a"}], "strategy": "beam"}, 422, "unknown strategy 'beam'"),
     ({"documents": [{"text": "a"}], "strategy": "fast_dllm"}, 422, "not a masked-diffusion model"),
-    ({"documents": [{"text": "a"}], "strategy": "ar", "decoder": "padellm"}, 422, "disagree"),
+    ({"documents": [{"text": "a"}], "decoder": "ar"}, 422, "`decoder` in a job is now `strategy`"),
     ({"documents": [{"text": "a"}], "colour": "red"}, 422, "Extra inputs"),
     ({"documents": [{"text": "a", "colour": "red"}]}, 422, "Extra inputs"),
     ({"document_ids": ["6f1c3d7e-93a4-4b8e-9d57-2f0b9c1e4a10"]}, 404, "6f1c3d7e-93a4-4b8e-9d57-2f0b9c1e4a10"),

@@ -5,10 +5,6 @@ its job completes."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +16,8 @@ from pipeline import crud, processing
 from pipeline.celery_app import app, parse_cron
 from pipeline.model_version import model_version
 from pipeline.models import DocumentResult, EntityRow, Job, JobDocument
+from tests.local_services import Workers
 
-REPO = Path(__file__).resolve().parents[2]
 VISIBILITY_S = 8
 DOCUMENTS = 48
 
@@ -31,44 +27,9 @@ def _texts() -> list[str]:
             f"and Germany said on day {i} it would follow the advice of the EU ." for i in range(DOCUMENTS)]
 
 
-class Workers:
-    """Starts ``celery worker`` / ``beat`` subprocesses (each in its own process group) and kills them."""
-
-    def __init__(self, database_url: str, redis_url: str, logs: Path) -> None:
-        self.env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "NER_MODEL": "tiny-conll03",
-                    "PIPELINE_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S), "PIPELINE_CHUNK_SIZE": "4"}
-        self.logs, self.processes = logs, []
-
-    def start(self, *args: str) -> subprocess.Popen:
-        log = (self.logs / f"celery-{len(self.processes)}.log").open("w")
-        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "pipeline.celery_app", *args, "--loglevel=INFO"],
-                                   cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.processes.append(process)
-        return process
-
-    def worker(self, name: str) -> subprocess.Popen:
-        return self.start("worker", "--pool=prefork", "--concurrency=1", "-n", f"{name}@%h", "--without-gossip", "--without-mingle")
-
-    @staticmethod
-    def kill(process: subprocess.Popen) -> None:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)  # the main process and its pool child
-            process.wait(timeout=30)
-
-    def close(self) -> None:
-        for process in self.processes:
-            self.kill(process)
-
-    def log_text(self) -> str:
-        return "\n".join(p.read_text() for p in sorted(self.logs.glob("celery-*.log")))
-
-    def tail(self) -> str:
-        return "\n".join(p.read_text()[-3000:] for p in sorted(self.logs.glob("celery-*.log")))
-
-
 @pytest.fixture
 def workers(migrated: str, private_redis, tmp_path: Path) -> Iterator[Workers]:
-    pool = Workers(migrated, private_redis.url, tmp_path)
+    pool = Workers(migrated, private_redis.url, tmp_path, PIPELINE_VISIBILITY_TIMEOUT_S=str(VISIBILITY_S))
     yield pool
     pool.close()
 
@@ -86,6 +47,8 @@ def _submit(sessions, redis_url: str, engine) -> tuple[int, list[int]]:
     with app.connection_for_write(redis_url) as connection, connection.Producer() as producer:
         for chunk in processing.chunked(ids, 4):
             app.send_task("pipeline.process_chunk", (job_id, chunk), producer=producer)
+    with sessions.begin() as session:
+        crud.mark_dispatched(session, job_id)  # handed over, as enqueue_job records it
     return job_id, ids
 
 
@@ -132,7 +95,7 @@ def test_worker_killed_mid_batch_loses_and_doubles_nothing(workers: Workers, ses
 
 def test_redis_restart_without_persistence_mid_job(workers: Workers, sessions, private_redis, tiny_engine) -> None:
     workers.worker("only")
-    workers.start("beat", "--schedule", str(workers.logs / "beat-schedule"))
+    workers.beat()
     job_id, ids = _submit(sessions, private_redis.url, tiny_engine)
     _wait(sessions, job_id, lambda j: j.processed >= 2, 180, workers)
     private_redis.stop()  # every queued chunk is lost with it
@@ -149,7 +112,7 @@ def test_beat_fires_the_nightly_run_over_pending_documents(workers: Workers, ses
         ids = crud.add_documents(session, [crud.NewDocument(t) for t in _texts()[:3]])
     workers.env["NIGHTLY_CRON"] = "* * * * *"  # the next minute, instead of 02:00
     workers.worker("nightly")
-    workers.start("beat", "--schedule", str(workers.logs / "beat-schedule"))
+    workers.beat()
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         with sessions() as session:

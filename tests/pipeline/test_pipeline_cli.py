@@ -1,5 +1,5 @@
 """``padellm-ner ingest`` of JSONL, plain text and CoNLL files (malformed files fail with file,
-line and reason and store nothing) and ``padellm-ner jobs run|status`` on SQLite with the tiny model."""
+line and reason and store nothing) and ``padellm-ner jobs run|status|results`` on SQLite with the tiny model."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import pytest
 from sqlalchemy import func, select
 
 from padellm_ner.cli import main
+from ner_service.engine import Entity
 from ner_service.settings import get_settings
+from pipeline import crud
 from pipeline.db import session_factory
-from pipeline.models import Document, Job
+from pipeline.models import LOCAL_OWNER, Document, Job
 
 CONLL = """-DOCSTART- -X- -X- O
 
@@ -52,9 +54,13 @@ def test_ingest_reads_jsonl_text_and_conll(database: str, tmp_path: Path, capsys
                                            '{"text": "Reuters reports .", "source": "wire"}\n')
     text = _write(tmp_path, "lines.txt", "First document .\n\nSecond document .\n")
     conll = _write(tmp_path, "dev.conll", CONLL)
+    printed = []
     for path in (jsonl, text, conll):
         assert main(["ingest", str(path)]) == 0
-    assert "ingested 2 documents from" in capsys.readouterr().out
+        out, err = capsys.readouterr()
+        assert err == f"ingested 2 documents from {path}\n"
+        printed += out.splitlines()
+    assert printed == [d.public_id for d in _documents(database)]  # the ids the API's /documents routes take, in file order
     stored = [(d.text, d.external_id, d.language, d.source, d.status) for d in _documents(database)]
     assert stored == [
         ("Angela Merkel visited Paris .", "a-1", "en", "docs.jsonl", "pending"),
@@ -66,6 +72,7 @@ def test_ingest_reads_jsonl_text_and_conll(database: str, tmp_path: Path, capsys
     ]
     assert main(["ingest", str(jsonl)]) == 0  # the same external id with the same text is reused
     assert len(_documents(database)) == 7
+    assert capsys.readouterr().out.splitlines()[0] == printed[0]
 
 
 @pytest.mark.parametrize(("name", "content", "line", "reason"), [
@@ -125,8 +132,44 @@ def test_jobs_run_shows_progress_and_jobs_status_reports_it(database: str, tmp_p
         assert json.loads(capsys.readouterr().out) == status
     assert main(["jobs", "status", "7"]) == 2
     assert "no job 7" in capsys.readouterr().err
+    for reference in ("1", status["id"]):
+        assert main(["jobs", "results", reference]) == 0
+        results = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [(r["document_id"], r["status"], r["model_version"]) for r in results] == [
+            (d.public_id, "processed", status["model_version"]) for d in _documents(database)]
+    for unknown in ("7", "no-such-job"):
+        assert main(["jobs", "results", unknown]) == 2
+        error = capsys.readouterr().err
+        assert error == f"padellm-ner: error: no job {unknown}\n"
     assert main(["jobs", "run"]) == 0
     assert capsys.readouterr().out.strip() == "no pending documents"
     with session_factory(database)() as session:
         assert session.scalar(select(func.count()).select_from(Job)) == 1
         assert set(session.scalars(select(Document.status))) == {"processed"}
+
+
+def test_jobs_results_prints_each_documents_entities_of_that_job(database: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The entities the job's model version found, a failed document with its error and none, and
+    not the entities another version found for the same document."""
+    texts = "Angela Merkel visited Paris .\nNothing here .\nBOOM\n"
+    assert main(["ingest", str(_write(tmp_path, "docs.txt", texts))]) == 0
+    ids = capsys.readouterr().out.split()
+    with session_factory(database).begin() as session:
+        merkel, nothing, boom = crud.owned_document_ids(session, LOCAL_OWNER, ids)
+        old = crud.create_job(session, [merkel], "v1")
+        crud.record_result(session, old.id, merkel, "v1", [Entity(0, 13, "Angela Merkel", "PER", 0.5)])
+        job = crud.create_job(session, [merkel, nothing, boom], "v2")
+        crud.record_result(session, job.id, merkel, "v2", [Entity(0, 13, "Angela Merkel", "PER", 0.9), Entity(22, 27, "Paris", "LOC", 0.8)])
+        crud.record_result(session, job.id, nothing, "v2", [])
+        crud.record_failure(session, job.id, boom, "model error")
+        job_id = job.public_id
+    assert main(["jobs", "results", job_id]) == 0
+    results = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert results == [
+        {"document_id": ids[0], "external_id": None, "status": "processed", "error": None, "model_version": "v2", "entities": [
+            {"start": 0, "end": 13, "label": "PER", "text": "Angela Merkel", "score": 0.9},
+            {"start": 22, "end": 27, "label": "LOC", "text": "Paris", "score": 0.8}]},
+        {"document_id": ids[1], "external_id": None, "status": "processed", "error": None, "model_version": "v2", "entities": []},
+        {"document_id": ids[2], "external_id": None, "status": "failed", "error": "model error", "model_version": "v2", "entities": []},
+    ]

@@ -14,7 +14,7 @@ from pipeline.db import get_engine, upgrade
 from pipeline.models import Base
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = {"documents", "jobs", "job_documents", "document_results", "entities"}
+TABLES = {"documents", "jobs", "job_documents", "document_results", "entities", "idempotency_keys"}
 
 
 def test_upgrade_matches_models_and_downgrade_removes_everything(database_url: str) -> None:
@@ -39,7 +39,7 @@ def test_alembic_command_line_reads_database_url(sqlite_url: str) -> None:
         done = subprocess.run([sys.executable, "-m", "alembic", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         if args == ["current"]:
-            assert "0003 (head)" in done.stdout
+            assert "0004 (head)" in done.stdout
 
 
 def test_the_strategy_rename_keeps_every_jobs_strategy(database_url: str) -> None:
@@ -100,4 +100,34 @@ def test_owners_and_public_ids_are_given_to_existing_rows(database_url: str) -> 
         connection.execute(text(insert_owned), {"id": 5, "public_id": str(uuid.uuid4()), "owner": "local"})
     with engine.begin() as connection:  # the downgrade makes external_id unique across owners again
         connection.execute(text("DELETE FROM documents WHERE id = 4"))
+    command.downgrade(config, "base")
+
+
+def test_jobs_stored_before_dispatch_tracking_count_as_handed_over(database_url: str) -> None:
+    """0004: a job stored before it counts as handed to Redis when it was created (beat's sweep of
+    jobs never enqueued leaves it alone); an ``Idempotency-Key`` is unique per owner."""
+    import pytest
+    from alembic import command
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    from pipeline.db import alembic_config
+
+    config = alembic_config(database_url)
+    command.upgrade(config, "0003")
+    engine = get_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO jobs (id, public_id, owner, status, total, processed, failed, model_version, strategy, "
+                                "created_at, updated_at) VALUES (3, 'p', 'local', 'queued', 1, 0, 0, 'v', 'ar', CURRENT_TIMESTAMP, "
+                                "CURRENT_TIMESTAMP)"))
+    command.upgrade(config, "0004")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT dispatched_at = created_at FROM jobs WHERE id = 3")).scalar()
+    insert = ("INSERT INTO idempotency_keys (owner, key, request_hash, job_id, document_ids, created_at) "
+              "VALUES (:owner, 'k', 'h', 3, '[]', CURRENT_TIMESTAMP)")
+    with engine.begin() as connection:
+        connection.execute(text(insert), {"owner": "local"})
+        connection.execute(text(insert), {"owner": "key:other"})
+    with pytest.raises(IntegrityError), engine.begin() as connection:
+        connection.execute(text(insert), {"owner": "local"})
     command.downgrade(config, "base")

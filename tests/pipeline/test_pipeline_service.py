@@ -34,7 +34,7 @@ class GazetteerEngine:
         self.max_batch_texts = real_engine.max_batch_texts
         self.calls = 0
 
-    def extract(self, texts: list[str], **options: object) -> list[_Extraction]:
+    def extract_with(self, options: object, texts: list[str]) -> list[_Extraction]:
         self.calls += 1
         if any("BOOM" in text for text in texts):
             raise RuntimeError("model error on this text")
@@ -73,8 +73,8 @@ def test_tiny_engine_job_stores_what_the_engine_returns(sessions, tiny_engine) -
     with sessions() as session:
         for doc_id, result in zip(ids, expected):
             found = crud.document_entities(session, doc_id)
-            assert found["status"] == "processed" and found["model_version"] == model_version(tiny_engine)
-            assert [(e["start"], e["end"], e["label"]) for e in found["entities"]] == sorted((e.start, e.end, e.label) for e in result.entities)
+            assert found.document.status == "processed" and found.model_version == model_version(tiny_engine)
+            assert [(e.start, e.end, e.label) for e in found.entities] == sorted((e.start, e.end, e.label) for e in result.entities)
 
 
 def test_redelivered_chunks_write_and_count_nothing_twice(sessions, tiny_engine) -> None:
@@ -93,15 +93,16 @@ def test_redelivered_chunks_write_and_count_nothing_twice(sessions, tiny_engine)
     with sessions() as session:
         assert session.get(Job, job_id).status == "completed"
         for doc_id, text in zip(ids, TEXTS):
-            rows = crud.document_entities(session, doc_id)["entities"]
-            assert [r["text"] for r in rows] == NAMES.findall(text)
-            assert all(text[r["start"]:r["end"]] == r["text"] for r in rows)
+            found = crud.document_entities(session, doc_id)
+            assert found.model_version == version
+            assert [r.text for r in found.entities] == NAMES.findall(text)
+            assert all(text[r.start:r.end] == r.text for r in found.entities)
 
 
 def test_entities_and_marker_are_inserted_once_even_when_recorded_twice(sessions, tiny_engine) -> None:
     engine = GazetteerEngine(tiny_engine)
     job_id, ids = _new_job(sessions, engine, TEXTS[:1])
-    entities = engine.extract(TEXTS[:1])[0].entities
+    entities = engine.extract_with(None, TEXTS[:1])[0].entities
     key = results_version(model_version(engine))
     with sessions.begin() as session:
         assert crud.record_result(session, job_id, ids[0], key, entities) is True
@@ -124,7 +125,7 @@ def test_a_bad_document_fails_alone(sessions, tiny_engine) -> None:
         assert docs[ids[2]].error == "RuntimeError: model error on this text"
         assert "NER_MAX_TEXT_CHARS" in docs[ids[4]].error
         assert [docs[i].status for i in ids] == ["processed", "failed", "failed", "processed", "failed"]
-        assert [e["text"] for e in crud.document_entities(session, ids[0])["entities"]] == ["Angela Merkel", "Paris"]
+        assert [e.text for e in crud.document_entities(session, ids[0]).entities] == ["Angela Merkel", "Paris"]
 
 
 def test_documents_already_processed_by_this_version_are_counted_without_running_the_model(sessions, tiny_engine) -> None:
@@ -170,19 +171,17 @@ def test_external_ids_are_reused_for_the_same_text_and_conflict_otherwise(sessio
         assert session.scalar(select(func.count()).select_from(Document)) == 2
 
 
-def test_job_creation_rejects_unknown_documents_and_strategies(sessions) -> None:
+def test_job_creation_rejects_unknown_documents(sessions) -> None:
     with sessions.begin() as session:
         ids = crud.add_documents(session, [crud.NewDocument("A text.")])
     with sessions() as session:
         with pytest.raises(crud.UnknownDocumentsError) as error:
             crud.create_job(session, [ids[0], 999], "v")
         assert error.value.missing == [999]
-        with pytest.raises(ValueError, match="unknown strategy 'beam'"):
-            crud.create_job(session, ids, "v", strategy="beam")
         with pytest.raises(ValueError, match="at least one"):
             crud.create_job(session, [], "v")
         with pytest.raises(crud.UnknownJobError):
-            crud.job_status(session, 12345)
+            crud.find_job(session, 12345)
     with sessions() as session:
         assert session.scalar(select(func.count()).select_from(JobDocument)) == 0
 
@@ -215,10 +214,10 @@ def test_documents_go_to_the_model_of_their_language(sessions, tiny_engine) -> N
     assert expected, "the Chinese model should find the title in this resume line"
     with sessions() as session:
         english, chinese, french = (crud.document_entities(session, i) for i in ids)
-        assert english["model_version"] == english_version
-        assert chinese["model_version"] == chinese_version
-        assert [(e["start"], e["end"], e["label"]) for e in chinese["entities"]] == sorted((e.start, e.end, e.label) for e in expected)
-        assert french["status"] == "failed" and "no model for language 'fr'" in french["error"]
+        assert english.model_version == english_version
+        assert chinese.model_version == chinese_version
+        assert [(e.start, e.end, e.label) for e in chinese.entities] == sorted((e.start, e.end, e.label) for e in expected)
+        assert french.document.status == "failed" and "no model for language 'fr'" in french.document.error
         # each document is current under its own language's model: nothing to reprocess
         assert crud.documents_to_run(session, lambda language: routing.version_for(pool, language), reprocess=True) == []
         assert crud.documents_to_run(session, lambda _: english_version, reprocess=True) == [ids[1]]

@@ -1,5 +1,5 @@
-"""The trainers a recipe stage can name, each with its config dataclass (imported when used, so
-that reading a recipe does not load torch)."""
+"""The trainers a recipe stage can name, each with its config dataclass (in :mod:`training.configs`,
+which does not import torch: reading a recipe does not load it) and its entry point (imported when it runs)."""
 
 from __future__ import annotations
 
@@ -53,9 +53,9 @@ class StageTrainer:
 
 
 TRAINERS: dict[str, StageTrainer] = {
-    "lm": StageTrainer("training.trainer:TrainConfig", "training.trainer:train", "base"),
-    "char": StageTrainer("training.char_model:CharConfig", "training.char_model:train_char_model", "init"),
-    "tiny": StageTrainer("training.tiny_model:TinyConfig", "training.tiny_model:train_tiny_model", None),
-    "diffusion": StageTrainer("training.diffusion:DiffusionConfig", "training.diffusion:train_diffusion", "init"),
-    "lud": StageTrainer("training.lexical_units:LUDConfig", "training.lexical_units:train_lud", "model"),
+    "lm": StageTrainer("training.configs:TrainConfig", "training.trainer:train", "base"),
+    "char": StageTrainer("training.configs:CharConfig", "training.char_model:train_char_model", "init"),
+    "tiny": StageTrainer("training.configs:TinyConfig", "training.tiny_model:train_tiny_model", None),
+    "diffusion": StageTrainer("training.configs:DiffusionConfig", "training.diffusion:train_diffusion", "init"),
+    "lud": StageTrainer("training.configs:LUDConfig", "training.lexical_units:train_lud", "model"),
 }

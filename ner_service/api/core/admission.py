@@ -1,15 +1,22 @@
 """Admission: a request is accepted only if the work queued before it and its own can be done
-within the request timeout at the engine's measured rate; otherwise 429 with the seconds after
-which it would be (``Retry-After``), or 413 if it could never be."""
+within the request timeout at the engine's rate; otherwise 429 with the seconds after which it
+could be (``Retry-After``). 413 is kept for what can never fit, limits that do not move: more
+work than one request may hold (``NER_MAX_REQUEST_TOKENS``), more texts than the queue may
+(``NER_QUEUE_MAX``), or more than the timeout allows alone at a fixed rate (``NER_FIXED_MS_PER_TOKEN``). At a measured rate a request too big for
+the timeout alone is 429 too: the rate moves with the machine's load."""
 
 from __future__ import annotations
 
 import math
 import threading
 
+#: Tokens of work the measured rate averages over: a call weighs by its tokens, so one slow
+#: short call barely moves it, and some 2,000 tokens of calls at a new speed take it there.
+RATE_HORIZON_TOKENS = 2048
+
 
 class Overloaded(RuntimeError):
-    """The queue holds more work than the timeout leaves room for; retry after ``retry_after_s``."""
+    """The request does not fit the timeout now; retry after ``retry_after_s``."""
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
@@ -17,20 +24,26 @@ class Overloaded(RuntimeError):
 
 
 class TooMuchWork(ValueError):
-    """A request bigger than one request may be (tokens), or than the timeout allows alone."""
+    """A request bigger than one request may be (tokens, texts), or than the timeout allows alone at a fixed rate."""
 
 
 class ServiceRate:
-    """Seconds of engine time per estimated token: ``prior_ms_per_token`` until the first engine
-    call is measured, then an exponential moving average over calls; or, made by :meth:`fixed`,
-    a rate that engine calls do not change (``NER_FIXED_MS_PER_TOKEN``: admission that does not
-    follow the momentary speed of a machine shared with other work)."""
+    """Seconds of engine time per token of work (:func:`~.work.work_of`).
 
-    def __init__(self, prior_ms_per_token: float, smoothing: float = 0.3, *, measuring: bool = True) -> None:
+    Measured: the engine seconds over the tokens of the calls observed, each call's share decayed
+    by the tokens of the calls after it (an average over about ``horizon_tokens``). Until the
+    first call, ``prior_ms_per_token``: it should be pessimistic, so that on a fresh server a
+    long request is shed (and the engine measured, see :mod:`.batching`) instead of admitted to
+    time out. Made by :meth:`fixed`: a rate that engine calls do not change
+    (``NER_FIXED_MS_PER_TOKEN``: admission that does not follow the momentary speed of a machine
+    shared with other work)."""
+
+    def __init__(self, prior_ms_per_token: float, horizon_tokens: int = RATE_HORIZON_TOKENS, *, measuring: bool = True) -> None:
         self.seconds_per_token = prior_ms_per_token / 1000
-        self.smoothing = smoothing
+        self.horizon_tokens = horizon_tokens
         self.measuring = measuring
-        self.measured = False
+        self._seconds = 0.0  # the decayed sums of the calls observed
+        self._tokens = 0.0
         self._lock = threading.Lock()
 
     @classmethod
@@ -38,20 +51,32 @@ class ServiceRate:
         """A rate of ``ms_per_token`` that :meth:`observe` leaves as it is."""
         return cls(ms_per_token, measuring=False)
 
+    @property
+    def measured(self) -> bool:
+        """Whether an engine call has been observed (else the rate is the prior, or fixed)."""
+        return self._tokens > 0
+
     def observe(self, tokens: int, seconds: float) -> None:
-        """Record one engine call over ``tokens`` estimated tokens (nothing, for a fixed rate)."""
+        """Record one engine call over ``tokens`` tokens of work (nothing, for a fixed rate)."""
         if tokens > 0 and self.measuring:
             with self._lock:
-                weight = self.smoothing if self.measured else 1.0
-                self.seconds_per_token += weight * (seconds / tokens - self.seconds_per_token)
-                self.measured = True
+                kept = math.exp(-tokens / self.horizon_tokens)
+                self._seconds = self._seconds * kept + seconds
+                self._tokens = self._tokens * kept + tokens
+                self.seconds_per_token = self._seconds / self._tokens
 
     def seconds_for(self, tokens: int) -> float:
         return tokens * self.seconds_per_token
 
+    def describe(self) -> str:
+        """Which rate this is, for the messages of refused requests."""
+        if not self.measuring:
+            return "the fixed rate (NER_FIXED_MS_PER_TOKEN)"
+        return "the engine's measured rate" if self.measured else "the rate assumed until the engine is measured (NER_PRIOR_MS_PER_TOKEN)"
+
 
 class Admission:
-    """Decides, from the work queued and the measured rate, whether a request may wait."""
+    """Decides, from the work queued and the engine's rate, whether a request may wait."""
 
     def __init__(self, rate: ServiceRate, budget_s: float, max_request_tokens: int, queue_max_texts: int) -> None:
         self.rate = rate
@@ -66,11 +91,18 @@ class Admission:
             raise TooMuchWork(f"the request is about {tokens} tokens of work; at most {self.max_request_tokens} "
                               "(NER_MAX_REQUEST_TOKENS): send fewer or shorter texts, or a batch job (/v1/jobs)")
         own = self.rate.seconds_for(tokens)
-        if own > self.budget_s:
-            raise TooMuchWork(f"the request needs about {own:.0f} s of engine time, more than the {self.budget_s:.0f} s "
-                              "a request may wait: send fewer or shorter texts, or a batch job (/v1/jobs)")
+        alone = (f"at {self.rate.describe()} the request needs about {own:.0f} s of engine time, more than the "
+                 f"{self.budget_s:.0f} s a request may wait")
+        if own > self.budget_s and not self.rate.measuring:
+            raise TooMuchWork(f"{alone}: send fewer or shorter texts, or a batch job (/v1/jobs)")
+        if texts > self.queue_max_texts:
+            raise TooMuchWork(f"the request holds {texts} texts, more than the queue may (NER_QUEUE_MAX={self.queue_max_texts}): "
+                              "send fewer texts, or a batch job (/v1/jobs)")
         if queued_texts + texts > self.queue_max_texts:
             raise Overloaded(f"the queue holds {queued_texts} texts (NER_QUEUE_MAX={self.queue_max_texts}); retry later",
+                             self.retry_after(queued_tokens, tokens))
+        if own > self.budget_s:
+            raise Overloaded(f"{alone}; retry later (the rate is measured anew), or send fewer or shorter texts",
                              self.retry_after(queued_tokens, tokens))
         wait = self.rate.seconds_for(queued_tokens) + own
         if wait > self.budget_s:
@@ -78,6 +110,10 @@ class Admission:
                              f"answer, more than the {self.budget_s:.0f} s it may wait; retry later", self.retry_after(queued_tokens, tokens))
 
     def retry_after(self, queued_tokens: int, tokens: int) -> int:
-        """Seconds until enough of the queue is done for this request to fit (at least 1)."""
-        excess = self.rate.seconds_for(queued_tokens + tokens) - self.budget_s
-        return max(1, math.ceil(excess))
+        """Seconds until enough of the queue is done for this request to fit; for one that does
+        not fit alone, until the queue is done (its calls measure the rate anew). At least 1."""
+        if self.rate.seconds_for(tokens) > self.budget_s:
+            seconds = self.rate.seconds_for(queued_tokens)
+        else:
+            seconds = self.rate.seconds_for(queued_tokens + tokens) - self.budget_s
+        return max(1, math.ceil(seconds))

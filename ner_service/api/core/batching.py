@@ -12,11 +12,12 @@ for the engine thread) never reach the engine.
 
 All engine work, model loading included, runs in ONE dedicated worker thread (the engine is not
 thread-safe), off the event loop; each engine call's time (a model loaded on first use
-excluded) is what admission's measured rate learns from. The gathering window opens with the
-first queued piece and closes when ``max_texts`` are queued or after ``wait_ms``, stretched to
-``wait_fraction`` of the previous engine call (at most ``wait_max_ms``): when a batch takes
-seconds, its clients' next requests may take longer than ``wait_ms`` to come back, and a batch
-cut short costs more per text than the wait.
+excluded) is what admission's measured rate learns from; a request refused while nothing is
+queued has the engine measured on a small text, so that the rate is never stale on an idle
+engine. The gathering window opens with the first queued piece and closes when ``max_texts``
+are queued or after ``wait_ms``, stretched to ``wait_fraction`` of the previous engine call
+(at most ``wait_max_ms``): when a batch takes seconds, its clients' next requests may take
+longer than ``wait_ms`` to come back, and a batch cut short costs more per text than the wait.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ner_service.api.core.admission import Admission
+from ner_service.api.core.admission import Admission, Overloaded
 from ner_service.api.core.metrics import Metrics
 from ner_service.api.core.work import Piece, merged, pieces_of
 from ner_service.engine import ExtractOptions, Extraction
@@ -38,13 +39,16 @@ from ner_service.engine import ExtractOptions, Extraction
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Runner = Callable[[ExtractOptions, list[str]], list[Extraction]]
+#: What the engine is measured on when nothing else would measure it (:meth:`MicroBatcher._calibrate`).
+CALIBRATION_TEXT = "Angela Merkel met Emmanuel Macron in Paris on Monday , and the two spoke to reporters ."
+CALIBRATION_CALLER = "(calibration)"
 
 
 @dataclass(eq=False)
 class _Request:
     """An admitted request: its pieces, the answers received so far, and its future."""
 
-    key: ExtractOptions
+    options: ExtractOptions
     texts: list[str]
     pieces: list[Piece]
     future: asyncio.Future[list[Extraction]] = field(repr=False)
@@ -118,18 +122,17 @@ class MicroBatcher:
         """Run ``fn(*args)`` in the engine thread (e.g. loading a model), after the work queued there."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def submit(self, key: ExtractOptions, texts: list[str], caller: str = "") -> list[Extraction]:
+    async def submit(self, options: ExtractOptions, texts: list[str], caller: str = "") -> list[Extraction]:
         """The extractions of ``texts``. Raises :class:`~.admission.TooMuchWork` or
         :class:`~.admission.Overloaded` before queueing anything; cancelling the call (a timeout, a
         client gone) takes its pieces out of the queue."""
-        pieces = pieces_of(texts, self._piece_tokens, self._long_text_tokens)
-        request = _Request(key, texts, pieces, asyncio.get_running_loop().create_future())
-        self.admission.check(request.tokens, len(texts), self.pending_tokens, self.pending_texts)
-        self._hold(request, +1)
-        queue = self._queues.setdefault(caller, deque())
-        queue.extend(_Queued(request, index) for index in range(len(pieces)))
-        self._queued += len(pieces)
-        self._arrived.set()
+        request = self._request(options, texts)
+        try:
+            self.admission.check(request.tokens, len(texts), self.pending_tokens, self.pending_texts)
+        except Overloaded:
+            self._calibrate(options)
+            raise
+        self._enqueue(request, caller)
         try:
             return await request.future
         finally:
@@ -137,6 +140,33 @@ class MicroBatcher:
                 request.future.cancel()
             self._drop_cancelled(caller)
             self._hold(request, -1)
+
+    def _request(self, options: ExtractOptions, texts: list[str]) -> _Request:
+        pieces = pieces_of(texts, self._piece_tokens, self._long_text_tokens)
+        return _Request(options, texts, pieces, asyncio.get_running_loop().create_future())
+
+    def _enqueue(self, request: _Request, caller: str) -> None:
+        self._hold(request, +1)
+        queue = self._queues.setdefault(caller, deque())
+        queue.extend(_Queued(request, index) for index in range(len(request.pieces)))
+        self._queued += len(request.pieces)
+        self._arrived.set()
+
+    def _calibrate(self, options: ExtractOptions) -> None:
+        """Measure the engine on :data:`CALIBRATION_TEXT` if nothing else is queued: the rate is
+        learnt only from engine calls, so on an idle engine (a fresh server's, or one measured
+        while the machine was busy) a request refused for its size alone would be refused again
+        however fast the engine is now. One call at a time, only while nothing is queued."""
+        if self.pending_texts or not self.admission.rate.measuring:
+            return
+        request = self._request(options, [CALIBRATION_TEXT])
+        self._enqueue(request, CALIBRATION_CALLER)
+        request.future.add_done_callback(lambda done: self._calibrated(request, done))
+
+    def _calibrated(self, request: _Request, done: asyncio.Future[list[Extraction]]) -> None:
+        self._hold(request, -1)
+        if not done.cancelled() and done.exception() is not None:
+            logger.warning("the engine's calibration call failed", exc_info=done.exception())
 
     def _hold(self, request: _Request, sign: int) -> None:
         self.pending_texts += sign * len(request.texts)
@@ -212,7 +242,7 @@ class MicroBatcher:
 
     def _joins(self, queued: _Queued, first: _Queued, batch: list[_Queued], tokens: int) -> bool:
         """Whether ``queued`` may join a batch that starts with ``first`` and holds ``tokens``."""
-        if queued.request.key != first.request.key:
+        if queued.request.options != first.request.options:
             return False
         if not self.enabled:
             return queued.request is first.request
@@ -221,16 +251,16 @@ class MicroBatcher:
         return not (first.piece.split and batch and tokens + queued.piece.units > self._split_tokens)
 
     async def _process(self, batch: list[_Queued]) -> None:
-        key = batch[0].request.key
+        options = batch[0].request.options
         try:
             if self._prepare is not None:  # a model loaded on first use is not engine time: it would inflate the rate
-                await self.in_engine_thread(self._prepare, key)
+                await self.in_engine_thread(self._prepare, options)
             batch = [queued for queued in batch if not queued.request.future.done()]  # cancelled while the engine was busy
             if not batch:
                 return
             texts = [queued.piece.text for queued in batch]
             began = time.perf_counter()
-            results = await self.in_engine_thread(self._run, key, texts)
+            results = await self.in_engine_thread(self._run, options, texts)
             self._last_run_s = time.perf_counter() - began
             self.admission.rate.observe(sum(queued.piece.units for queued in batch), self._last_run_s)
             self._metrics.observe_batch(len(texts), results)

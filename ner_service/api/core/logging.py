@@ -1,4 +1,5 @@
-"""Structured JSON logs carrying the request id, and the middleware that assigns it."""
+"""Structured JSON logs carrying the request id, and the middleware that assigns it and answers
+(and logs, once) the errors nothing else handled."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ import uuid
 from contextvars import ContextVar
 from typing import Any
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ner_service.api.core.responses import ResponseWatch
 
 REQUEST_ID_HEADER = "X-Request-ID"
-_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_STANDARD_ATTRS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+_VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_STANDARD_ATTRS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}  # uvicorn's ANSI copy
 
 request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 access_log = logging.getLogger("ner_service.api.access")
+logger = logging.getLogger(__name__)
 
 
 class JsonFormatter(logging.Formatter):
@@ -46,9 +49,11 @@ class _JsonHandler(logging.StreamHandler):
 
 
 def configure_logging(level: str) -> None:
-    """Send every log record of the process to stderr as JSON lines at ``level`` (idempotent)."""
+    """Send every log record of the process to stderr as JSON lines at ``level`` (idempotent). It
+    replaces the plain console handlers of the root logger (``logging.basicConfig``'s, which
+    ``padellm-ner`` installs before ``serve`` starts the app), so that each record is one line."""
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, _JsonHandler)]:
+    for handler in [h for h in root.handlers if isinstance(h, _JsonHandler) or type(h) is logging.StreamHandler]:
         root.removeHandler(handler)
     handler = _JsonHandler()
     handler.setFormatter(JsonFormatter())
@@ -64,13 +69,18 @@ def _incoming_request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", []):
         if name == b"x-request-id":
             candidate = value.decode("latin-1")
-            if _VALID_REQUEST_ID.match(candidate):
+            if _VALID_REQUEST_ID.fullmatch(candidate):
                 return candidate
     return uuid.uuid4().hex
 
 
 class RequestContextMiddleware:
-    """Honour or generate ``X-Request-ID``, echo it in the response and write one access-log line."""
+    """Honour a client's ``X-Request-ID`` (up to 128 of ``A-Za-z0-9._:-``) or generate one, send
+    it back in every response, and write one access-log line.
+
+    An exception nothing else handled is logged here, once, with the request id, and answered 500
+    (with the id) unless the response had started; it is not raised further, so uvicorn does not
+    log it a second time."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -85,6 +95,11 @@ class RequestContextMiddleware:
         watch = ResponseWatch(send, [(b"x-request-id", request_id.encode("latin-1"))])
         try:
             await self.app(scope, receive, watch)
+        except Exception:
+            logger.exception("unhandled error")
+            if not watch.started:
+                detail = f"internal error; see the server log for request id {request_id}"
+                await JSONResponse({"detail": detail}, 500)(scope, receive, watch)
         finally:
             access_log.info(
                 "%s %s %d", scope["method"], scope["path"], watch.status,

@@ -1,8 +1,15 @@
-"""Prometheus metrics: requests by route and status, latency, engine batch sizes and tokens per forward pass."""
+"""Prometheus metrics: requests by route and status, latency, engine batch sizes and tokens per forward pass.
+
+Every label takes a bounded set of values, whatever clients send: a route template (one value
+for every path no route matches), a standard method or ``other``, a known status code or its
+class; otherwise made-up methods or paths would grow ``/metrics`` (and the scraper's storage)
+without bound.
+"""
 
 from __future__ import annotations
 
 import time
+from http import HTTPStatus
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -12,6 +19,11 @@ from ner_service.api.core.responses import ResponseWatch
 from ner_service.engine import Extraction
 
 UNMATCHED_ROUTE = "unmatched"
+#: The methods counted by name; any other is counted as ``other``.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER = "other"
+#: The status codes counted by number (499: the client went away); any other by its class (``5xx``).
+STATUSES = frozenset(code.value for code in HTTPStatus) | {499}
 
 
 class Metrics:
@@ -35,10 +47,10 @@ class Metrics:
         )
         self.queue_texts = Gauge("padellm_queue_texts", "Texts waiting in or being processed by the micro-batcher", registry=self.registry)
         self.seconds_per_token = Gauge("padellm_engine_seconds_per_token",
-                                       "Engine seconds per estimated token that admission assumes (measured, or NER_FIXED_MS_PER_TOKEN)",
-                                       registry=self.registry)
-        self.shed = Counter("padellm_requests_shed_total", "Requests refused with 429 because the work queued exceeds the timeout",
-                            registry=self.registry)
+                                       "Engine seconds per token of work that admission assumes (measured; the prior until "
+                                       "a call is measured; or NER_FIXED_MS_PER_TOKEN)", registry=self.registry)
+        self.shed = Counter("padellm_requests_shed_total", "Requests refused with 429 because their work would not be done "
+                            "within the timeout now", registry=self.registry)
 
     def observe_batch(self, texts: int, results: list[Extraction]) -> None:
         """Record one ``engine.extract`` call of ``texts`` texts (its internal batches share a stats object)."""
@@ -61,8 +73,18 @@ def _route_template(scope: Scope) -> str:
     return getattr(route, "path", None) or UNMATCHED_ROUTE
 
 
+def _method(scope: Scope) -> str:
+    return scope["method"] if scope["method"] in METHODS else OTHER
+
+
+def _status(status: int) -> str:
+    if status in STATUSES:
+        return str(status)
+    return f"{status // 100}xx" if 100 <= status < 600 else OTHER
+
+
 class MetricsMiddleware:
-    """Count every HTTP request and time it, labelled by route template and status."""
+    """Count every HTTP request and time it, labelled by route template, method and status (bounded values)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -78,5 +100,5 @@ class MetricsMiddleware:
             await self.app(scope, receive, watch)
         finally:
             route = _route_template(scope)
-            self.metrics.requests.labels(route, scope["method"], str(watch.status)).inc()
+            self.metrics.requests.labels(route, _method(scope), _status(watch.status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - began)

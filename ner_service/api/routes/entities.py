@@ -6,15 +6,15 @@ import asyncio
 import logging
 import time
 
-from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi import APIRouter, HTTPException, Request, status
 
 from ner_service.api.core.admission import Overloaded, TooMuchWork
 from ner_service.api.schemas import EntitiesRequest, EntitiesResponse, EntityOut, ErrorResponse, StatsOut, TextResult
-from ner_service.api.state import ApiState, api_state, authorize
+from ner_service.api.state import ApiState, AuthenticatedRoute, CallerDep, StateDep
 from ner_service.engine import ExtractOptions, Extraction, InvalidOptionsError, ModelLoadError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1", tags=["entities"])
+router = APIRouter(prefix="/v1", tags=["entities"], route_class=AuthenticatedRoute)
 #: How often a waiting request checks that its client is still there.
 DISCONNECT_POLL_S = 0.25
 
@@ -23,9 +23,11 @@ ERRORS = {
     for code, description in {
         400: "the body is not valid UTF-8 JSON",
         401: "missing or invalid API key",
-        413: "too many texts, a text too long, a body too large, or more work than one request may hold (NER_MAX_REQUEST_TOKENS, the timeout)",
+        413: "too many texts, a text too long, a body too large, or more work than one request may ever hold "
+             "(NER_MAX_REQUEST_TOKENS, NER_QUEUE_MAX, the timeout at NER_FIXED_MS_PER_TOKEN)",
         422: "invalid request: wrong types; an unknown model, label, strategy or decoder, or one the model cannot run",
-        429: "rate limit exceeded (it counts texts), too many failed authentications, or the server at capacity (see Retry-After)",
+        429: "rate limit exceeded (it counts texts), too many failed authentications, or the server at capacity or too slow "
+             "now for the request's work (see Retry-After)",
         503: "the model could not be loaded",
         504: "the request timed out (NER_REQUEST_TIMEOUT_S)",
     }.items()
@@ -78,23 +80,23 @@ async def _extract(request: Request, state: ApiState, options: ExtractOptions, t
 
 
 @router.post("/entities", response_model=EntitiesResponse, responses=ERRORS)
-async def extract_entities(body: EntitiesRequest, request: Request, state: ApiState = Depends(api_state),
-                           caller: str = Depends(authorize)) -> EntitiesResponse:
+async def extract_entities(body: EntitiesRequest, request: Request, state: StateDep, caller: CallerDep) -> EntitiesResponse:
     """Entities (character offsets, label, score) of every text, with the engine's timing and forward passes."""
     began = time.perf_counter()
     texts = body.all_texts()
     _check_limits(texts, state)
     state.guard.charge(caller, len(texts) - 1)
     try:
-        options = state.pool.options(body.model, body.language, body.labels, body.strategy, body.decoder, body.backend)
+        options = state.pool.options(body.model, body.language, body.labels, body.strategy, body.decoder)
     except (InvalidOptionsError, ModelNotFoundError) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     extractions = await _extract(request, state, options, texts, caller)
     return EntitiesResponse(
         model=options.model,
-        labels=list(options.labels or state.pool.config(options.model).labels),
+        labels=list(options.labels or ()),
         strategy=options.strategy,
         decoder=options.decoder,
+        decoders_used=list(dict.fromkeys(name for extraction in extractions for name in extraction.stats.decoders)),
         results=[
             TextResult(entities=[EntityOut(**entity.to_dict()) for entity in extraction.entities], stats=StatsOut(**extraction.stats.to_dict()))
             for extraction in extractions

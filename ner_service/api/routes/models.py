@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
 from ner_service.api.schemas import ErrorResponse, ModelInfo, ModelsResponse
-from ner_service.api.state import ApiState, api_state, authorize
+from ner_service.api.state import AuthenticatedRoute, StateDep
 from ner_service.engine.ner_model import SELF_CONTAINED
 
-router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(authorize)])
+router = APIRouter(prefix="/v1", tags=["models"], route_class=AuthenticatedRoute)
 
 
 def dev_f1(metrics: dict[str, Any]) -> float | None:
@@ -24,7 +24,7 @@ def dev_f1(metrics: dict[str, Any]) -> float | None:
 
 @router.get("/models", response_model=ModelsResponse,
             responses={401: {"model": ErrorResponse}, 429: {"model": ErrorResponse}})
-async def list_models(state: ApiState = Depends(api_state)) -> ModelsResponse:
+async def list_models(state: StateDep) -> ModelsResponse:
     """Every model a request may name, with its labels and dev F1."""
     pool = state.pool
     models = []

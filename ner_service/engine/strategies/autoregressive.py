@@ -6,7 +6,7 @@ from __future__ import annotations
 from general_decoding import Decoder, StopCriteria, left_pad
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window
-from ner_service.engine.decoding import GroupInputs, batches, count_generation, decode_groups
+from ner_service.engine.group_decoding import GroupInputs, batches, count_generation, decode_groups
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.spans import Mention

@@ -23,10 +23,10 @@ from collections.abc import Callable
 
 from general_decoding import Decoder, TokenBias, choose
 from ner_service.engine import prompts
-from ner_service.engine.branches import QueryRunner, SharedPrefixRunner
+from ner_service.engine.query_runners import QueryRunner, SharedPrefixRunner
 from ner_service.engine.chunking import Window
 from ner_service.engine.ner_model import NERModel
-from ner_service.engine.queries import Answer, Branch, MentionQuery, answer_of, count_query_ids, mention_queries
+from ner_service.engine.queries import Answer, Branch, MentionQuery, WindowLabel, answer_of, count_query_ids, mention_queries
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.spans import Mention
 from ner_service.engine.strategies import register_strategy
@@ -60,7 +60,7 @@ class PaDeLLM(Strategy):
             answers, continued = self._ask(runner, queries, confirm, decoder, stats)
             longer = {key: int(f"{counts[key]}{digits}") for key, digits in continued.items()}
             if longer:  # rare: a count of several tokens; ask that label's mentions again
-                kept = [i for i, q in enumerate(queries) if (q.window, q.label) not in longer]
+                kept = [i for i, q in enumerate(queries) if q.window_label not in longer]
                 queries, answers = [queries[i] for i in kept], [answers[i] for i in kept]
                 again = mention_queries(longer)
                 queries += again
@@ -69,7 +69,7 @@ class PaDeLLM(Strategy):
             Repairs(self.ner_model, self.options).apply(runner, windows, queries, answers, decoder, stats)
         found: list[list[Mention]] = [[] for _ in windows]
         for query, answer in zip(queries, answers):
-            found[query.window].append(answer.mention)
+            found[query.window_index].append(answer.mention)
         return found
 
     def _speculated(self, windows: list[Window], labels: list[str]) -> list[list[int]]:
@@ -86,7 +86,7 @@ class PaDeLLM(Strategy):
         return paths
 
     def _counts(self, runner: QueryRunner, windows: list[Window], labels: list[str],
-                stats: ExtractionStats) -> tuple[dict[tuple[int, str], int], list[Branch]]:
+                stats: ExtractionStats) -> tuple[dict[WindowLabel, int], list[Branch]]:
         """Each (window, label)'s count from its first token (0 left out), and the branches that
         confirm each count (its query and that token: what follows must be the end token)."""
         counting = [count_query_ids(self.ner_model, label) for label in labels]
@@ -98,21 +98,21 @@ class PaDeLLM(Strategy):
         else:
             first = logits.argmax(-1).tolist()
         decode = self.ner_model.tokenizer.decode
-        counts: dict[tuple[int, str], int] = {}
+        counts: dict[WindowLabel, int] = {}
         confirm: list[Branch] = []
-        keys = [(w, label) for w in range(len(windows)) for label in labels]
-        for (w, label), token in zip(keys, first):
+        keys = [WindowLabel(w, label) for w in range(len(windows)) for label in labels]
+        for key, token in zip(keys, first):
             count = prompts.parse_count(decode([token], skip_special_tokens=True)) or 0
             if count:
-                counts[w, label] = count
-                confirm.append(Branch(w, label, count_query_ids(self.ner_model, label) + [token]))
+                counts[key] = count
+                confirm.append(Branch(key.window_index, key.label, count_query_ids(self.ner_model, key.label) + [token]))
         return counts, confirm
 
     def _ask(self, runner: QueryRunner, queries: list[MentionQuery], confirm: list[Branch], decoder: Decoder,
-             stats: ExtractionStats) -> tuple[list[Answer], dict[tuple[int, str], str]]:
+             stats: ExtractionStats) -> tuple[list[Answer], dict[WindowLabel, str]]:
         """Decode every mention query, plus the count continuations to confirm; return the
         answers and the digits that continued a count."""
-        branches = [Branch(q.window, q.label, q.token_ids(self.ner_model)) for q in queries] + confirm
+        branches = [Branch(q.window_index, q.label, q.token_ids(self.ner_model)) for q in queries] + confirm
         if not branches:
             return [], {}
         out = runner.decode(branches, decoder, self.ner_model.config.max_mention_tokens, stats)
@@ -122,5 +122,5 @@ class PaDeLLM(Strategy):
         for branch, tokens in zip(confirm, out.tokens[len(queries):]):
             digits = re.match(r"\d*", decode(tokens, skip_special_tokens=True))[0]  # type: ignore[index]
             if digits:
-                continued[branch.window, branch.label] = digits
+                continued[branch.window_label] = digits
         return answers, continued

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from general_decoding import BannedFirstToken, Decoder, TokenConstraint, TrieConstraint, get_decoder
-from ner_service.engine.branches import QueryRunner
+from ner_service.engine.query_runners import QueryRunner
 from ner_service.engine.chunking import Window
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.queries import Answer, Branch, MentionQuery, answer_of
@@ -66,9 +66,9 @@ class Repairs:
         if banned is not None:
             constraints.append(BannedFirstToken(banned))
         if tries is not None:
-            constraints.append(TrieConstraint([tries[q.window] for q in asked]))
+            constraints.append(TrieConstraint([tries[q.window_index] for q in asked]))
             decoder = get_decoder(CONSTRAINED_DECODER)
-        branches = [Branch(q.window, q.label, q.token_ids(self.ner_model)) for q in asked]
+        branches = [Branch(q.window_index, q.label, q.token_ids(self.ner_model)) for q in asked]
         out = runner.decode(branches, decoder, self.ner_model.config.max_mention_tokens, stats, constraints)
         return [answer_of(self.ner_model, q.label, tokens, score) for q, tokens, score in zip(asked, out.tokens, out.scores)]
 
@@ -76,7 +76,7 @@ class Repairs:
 def unaligned(windows: list[Window], queries: list[MentionQuery], answers: list[Answer]) -> list[int]:
     """The answers that are empty or not in their window."""
     return [i for i, (query, answer) in enumerate(zip(queries, answers))
-            if not answer.mention.text or not occurrences(windows[query.window].text, answer.mention.text)]
+            if not answer.mention.text or not occurrences(windows[query.window_index].text, answer.mention.text)]
 
 
 def surplus_copies(windows: list[Window], queries: list[MentionQuery], answers: list[Answer]) -> list[int]:
@@ -85,7 +85,7 @@ def surplus_copies(windows: list[Window], queries: list[MentionQuery], answers: 
     copies: dict[tuple[int, str, str], list[int]] = {}
     for i, (query, answer) in enumerate(zip(queries, answers)):
         if answer.mention.text:
-            copies.setdefault((query.window, query.label, answer.mention.text), []).append(i)
+            copies.setdefault((query.window_index, query.label, answer.mention.text), []).append(i)
     surplus: list[int] = []
     for (w, _, text), members in copies.items():
         room = len(occurrences(windows[w].text, text))

@@ -53,8 +53,11 @@ def decode_groups(
     """Decode each group of rows (of ``total``) in one :meth:`Decoder.generate` call;
     ``inputs(group)`` gives its inputs and ``constraints`` number rows as ``total`` does.
     ``held`` are the caches kept meanwhile (for ``kv_cache_bytes``); rows in no group stay empty.
-    Only ``kv_cache_bytes`` is counted here: callers count forwards and tokens once."""
+    Only ``kv_cache_bytes`` and the decoder that ran are recorded here: callers count forwards
+    and tokens once."""
     merged = empty_generation(total)
+    if groups:
+        stats.ran(decoder)
     for rows in groups:
         group = inputs(rows)
         out = decoder.generate(ner_model.model, group.input_ids.to(ner_model.device), stop,

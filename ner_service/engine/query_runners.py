@@ -1,4 +1,5 @@
-"""Branches behind cached prefixes: how PaDeLLM's queries are run once the text is encoded.
+"""Query runners: how PaDeLLM's queries are run once the text is encoded, as branches behind
+cached prefixes.
 
 A :class:`QueryRunner` answers what a strategy asks of a batch of windows: first, the
 next-token logits after some branches encoded with the prefixes (the count queries, and the
@@ -27,7 +28,7 @@ from general_decoding.constraints import admissible_draft, continued
 from general_decoding.copy_draft import copy_candidates
 from ner_service.engine.branch_forward import BranchForward, BranchRow, Node
 from ner_service.engine.chunking import Window
-from ner_service.engine.decoding import GroupInputs, batches, count_generation, decode_groups, empty_generation
+from ner_service.engine.group_decoding import GroupInputs, batches, count_generation, decode_groups, empty_generation
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.prefix_cache import PrefixCache
 from ner_service.engine.queries import Branch
@@ -69,27 +70,29 @@ class SharedPrefixRunner:
             raise RuntimeError("encode the prefixes first")
         stop = StopCriteria(max_new_tokens, self.ner_model.stop_token_ids)
         if constraints or not decoder.shares_cache:
-            going = get_decoder("greedy") if decoder.shares_cache else decoder
-            return self._branch_forward(branches, going, stop, stats, constraints, drafts=isinstance(going, DraftVerifyDecoder))
+            branch_decoder = get_decoder("greedy") if decoder.shares_cache else decoder
+            stats.ran(branch_decoder)
+            return self._branch_forward(branches, branch_decoder, stop, stats, constraints, drafts=isinstance(branch_decoder, DraftVerifyDecoder))
+        stats.ran(decoder)
         return self._one_sequence(branches, decoder, stop, stats)
 
     def _one_sequence(self, branches: list[Branch], decoder: Decoder, stop: StopCriteria, stats: ExtractionStats) -> Generation:
         """Branches of one sequence: all windows at once when they share one cache row."""
         prefix = self.prefix
         assert prefix is not None
-        going = [prefix.continuation(b) for b in branches]
-        owners = [b.window for b in branches]
+        continuations = [prefix.continuation(b) for b in branches]
+        owners = [b.window_index for b in branches]
         groups = [list(range(len(branches)))] if prefix.shared_row else \
             [[r for r in range(len(branches)) if owners[r] == w] for w in dict.fromkeys(owners)]
 
         def inputs(rows: list[int]) -> GroupInputs:
             # cached columns outside this row's prefix (other windows, branches, padding) are masked out
-            ids, query_mask = left_pad([going[r].tokens for r in rows], self.ner_model.pad_token_id)
+            ids, query_mask = left_pad([continuations[r].tokens for r in rows], self.ner_model.pad_token_id)
             cache = prefix.window_cache(owners[rows[0]])
             shared = torch.zeros(len(rows), cache.get_seq_length(), dtype=torch.long)
             shared[:, : prefix.mask.shape[1]] = prefix.mask[[owners[r] for r in rows]].cpu()
             for position, row in enumerate(rows):
-                shared[position, list(going[row].columns)] = 1
+                shared[position, list(continuations[row].columns)] = 1
             return GroupInputs(ids, torch.cat([shared, query_mask], dim=1), cache, [prefix.tokens[owners[r]] for r in rows])
 
         merged = decode_groups(self.ner_model, decoder, groups, len(branches), stop, inputs, [prefix.cache], stats)
@@ -110,16 +113,17 @@ class SharedPrefixRunner:
             cached = prefix.cached_logits(branch)
             if cached is None:
                 continuation = prefix.continuation(branch)
-                fed[r] = BranchRow(branch.window, continuation.columns, [continuation.tokens])
+                fed[r] = BranchRow(branch.window_index, continuation.columns, [continuation.tokens])
                 asked.append(r)
                 continue
             logprobs = torch.log_softmax(cached.float(), dim=-1)[None]
             token = int(choose(logprobs.clone() if constraints else logprobs, constraints, [r], [[]])[0])
             if self._emit(result, r, token, float(logprobs[0, token]), stop):
-                candidates = copy_candidates(prefix.tokens[branch.window], token, MENTION_DRAFT_TOKENS) if drafts else []
+                candidates = copy_candidates(prefix.tokens[branch.window_index], token, MENTION_DRAFT_TOKENS) if drafts else []
                 if constraints:
                     candidates = [c for c in (admissible_draft(c, constraints, r, [token]) for c in candidates) if c]
-                fed[r] = BranchRow(branch.window, prefix.path_columns(branch.window, branch.tokens), [[token]] + [[token] + c for c in candidates])
+                columns = prefix.path_columns(branch.window_index, branch.tokens)
+                fed[r] = BranchRow(branch.window_index, columns, [[token]] + [[token] + c for c in candidates])
                 known.append(r)
         if not fed:
             count_generation(stats, result)
@@ -168,9 +172,9 @@ class SharedPrefixRunner:
         while True:
             row_lp = logprobs[node][None]
             token = int(choose(row_lp.clone() if constraints else row_lp, constraints, [row], [result.tokens[row]])[0])
-            going = self._emit(result, row, token, float(row_lp[0, token]), stop)
+            goes_on = self._emit(result, row, token, float(row_lp[0, token]), stop)
             following = forward.child(node, token)
-            if not going:
+            if not goes_on:
                 return None, token
             if following is None or following not in logprobs:
                 return node, token
@@ -188,7 +192,7 @@ class SharedPrefixRunner:
         after = continued([c for c in constraints if not c.first_token_only], list(range(len(branches))), [list(t) for t in result.tokens])
         rest = decode_groups(
             self.ner_model, decoder, batches(decoder, rows), len(branches), StopCriteria(max(room, 1), stop.stop_token_ids),
-            lambda group: forward.inputs(group, last, pending, [prefix.tokens[branches[r].window] for r in group]),
+            lambda group: forward.inputs(group, last, pending, [prefix.tokens[branches[r].window_index] for r in group]),
             [prefix.cache, forward.cache], stats, after)
         for r in rows:
             keep = stop.max_new_tokens - len(result.tokens[r])

@@ -1,0 +1,71 @@
+"""Database operations of the pipeline: documents (:mod:`.documents`), jobs (:mod:`.jobs`) and
+their results, recorded exactly once (:mod:`.results`). Reads return ORM rows or
+:class:`DocumentEntities`; the API and the command line shape them (:mod:`pipeline.schemas`)."""
+
+from pipeline.crud.documents import (
+    DocumentConflictError,
+    DocumentEntities,
+    NewDocument,
+    UnknownDocumentsError,
+    add_documents,
+    content_hash,
+    document_entities,
+    documents_to_run,
+    languages_of,
+    owned_document_ids,
+    public_ids_of,
+)
+from pipeline.crud.jobs import (
+    UnknownJobError,
+    add_idempotency_key,
+    create_job,
+    find_job,
+    idempotency_key,
+    job_results,
+    mark_dispatched,
+    pending_document_ids,
+    recent_jobs,
+    stalled_jobs,
+    undispatched_jobs,
+)
+from pipeline.crud.results import (
+    documents_with_results,
+    fail_job,
+    insert_ignoring_conflicts,
+    pending_documents,
+    record_failure,
+    record_result,
+    start_running,
+)
+
+__all__ = [
+    "DocumentConflictError",
+    "DocumentEntities",
+    "NewDocument",
+    "UnknownDocumentsError",
+    "UnknownJobError",
+    "add_documents",
+    "add_idempotency_key",
+    "content_hash",
+    "create_job",
+    "document_entities",
+    "documents_to_run",
+    "documents_with_results",
+    "fail_job",
+    "find_job",
+    "idempotency_key",
+    "insert_ignoring_conflicts",
+    "job_results",
+    "languages_of",
+    "mark_dispatched",
+    "owned_document_ids",
+    "pending_document_ids",
+    "pending_documents",
+    "public_ids_of",
+    "recent_jobs",
+    "record_failure",
+    "record_result",
+    "stalled_jobs",
+    "start_running",
+    "undispatched_jobs",
+]

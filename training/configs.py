@@ -1,0 +1,146 @@
+"""The settings of each trainer (saved in its ``training.json``) and the values they take, in a
+module without torch: reading a recipe (``padellm-ner recipes``) or building the command line
+checks settings against these dataclasses without loading a model's libraries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: The training formats: PaDeLLM (a count and one query per mention, per label) and AR (all mentions in one answer).
+FORMATS = ("padellm", "ar")
+#: The kinds of query a row holds; the loss can weigh their answers differently.
+QUERY_KINDS = ("count", "mention", "ar")
+#: The starting points of a diffusion model besides an NER model (name or folder) to adapt.
+INITS = ("scratch", "smollm2")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; saved next to the result for the model card."""
+
+    base: str
+    train: str
+    output: str
+    name: str = "padellm-ner"
+    dev: str | None = None
+    labels: list[str] | None = None
+    label_names: dict[str, str] = field(default_factory=dict)
+    language: str = "en"
+    formats: list[str] = field(default_factory=lambda: list(FORMATS))
+    full: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lr: float = 8e-4
+    warmup_steps: int = 30
+    epochs: float = 1.0
+    max_steps: int | None = None
+    max_minutes: float | None = None
+    batch_tokens: int = 2048
+    limit: int | None = None
+    eval_limit: int | None = 200
+    eval_batch_size: int = 16
+    #: Train only the top N decoder layers (None: all); the frozen layers below run once per row.
+    top_layers: int | None = None
+    #: Minutes of wall time between checkpoints (one is also written at the end of each epoch).
+    checkpoint_minutes: float = 10.0
+    seed: int = 0
+    device: str = "cpu"
+    #: "auto": float32 on the CPU, bfloat16 on a GPU.
+    dtype: str = "auto"
+    resume: bool = False
+    #: Weight of each query kind's answer tokens in the loss (count, mention, ar; missing: 1).
+    loss_weights: dict[str, float] = field(default_factory=dict)
+    #: Texts with a label of at least ``hard_count_min`` mentions are seen this many times an epoch.
+    hard_count_repeat: int = 1
+    hard_count_min: int = 3
+
+
+@dataclass
+class CharConfig:
+    """A character-model training run (``init``: a char model folder or shipped name to continue,
+    its vocabulary extended to the new texts' characters; None: a random model)."""
+
+    train: str
+    output: str
+    name: str
+    dev: str | None = None
+    language: str = "zh"
+    chinese_labels: bool = False
+    init: str | None = None
+    epochs: float = 1.0
+    max_steps: int | None = None
+    max_minutes: float | None = None
+    lr: float = 2e-3
+    batch_tokens: int = 4096
+    eval_limit: int | None = 200
+    limit: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+
+
+@dataclass
+class TinyConfig:
+    """A tiny-model training run: a new tokenizer and 2-layer Llama, ``max_steps`` full steps."""
+
+    train: str
+    output: str
+    name: str = "tiny-conll03"
+    dev: str | None = None
+    max_steps: int = 300
+    lr: float = 3e-3
+    limit: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+
+
+@dataclass
+class DiffusionConfig:
+    """A diffusion training run; saved in ``training.json`` for the model card."""
+
+    train: str
+    output: str
+    name: str = "en-conll03-diffusion"
+    init: str = "scratch"  # "scratch", "smollm2", or an NER model (name or folder) to adapt with LoRA
+    base: str = "smollm2-135m-instruct"
+    answer_tokens: int = 64
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    layers: int = 4
+    heads: int = 8
+    lr: float = 2e-3
+    lora_r: int = 16  # adapter rank when ``init`` is an NER model
+    lora_alpha: int = 32
+    lora_layers: int | None = None  # adapt only the top N layers (backward stops below them); None: all
+    mask_token: str = "<empty_output>"  # an existing token an adapted model without a mask token uses as its mask
+    warmup_steps: int = 100
+    batch_rows: int = 32
+    max_steps: int | None = None
+    max_minutes: float | None = None
+    limit: int | None = None
+    save_minutes: float = 10.0
+    seed: int = 0
+    device: str = "cpu"
+
+
+@dataclass
+class LUDConfig:
+    """A lexical-unit fine-tuning run (saved as ``training.json`` beside the adapter)."""
+
+    model: str
+    train: str
+    output: str
+    name: str = "en-conll03-lud"
+    formats: list[str] = field(default_factory=lambda: list(FORMATS))
+    unit_size: int = 4
+    threshold: float = 0.9
+    placeholder: str = "<empty_output>"
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lr: float = 5e-4
+    batch_tokens: int = 2048
+    max_steps: int | None = None
+    max_minutes: float | None = None
+    limit: int | None = None
+    seed: int = 0
+    device: str = "cpu"
