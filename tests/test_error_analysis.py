@@ -21,7 +21,7 @@ PER = "PER"
 def test_a_count_too_low_loses_its_entities_first() -> None:
     errors = ErrorBreakdown()
     gold = {Span(0, 5, PER), Span(10, 15, PER), Span(20, 25, PER)}
-    errors.add(PER, gold, {Span(0, 5, PER)}, set(), count=1)
+    errors.add(PER, gold, {Span(0, 5, PER)}, set(), set(), count=1)
     assert errors.missed["count", PER] == 2 and sum(errors.missed.values()) == 2
     assert errors.counts["low", PER] == 1
 
@@ -29,21 +29,23 @@ def test_a_count_too_low_loses_its_entities_first() -> None:
 def test_boundary_label_and_mention_misses() -> None:
     errors = ErrorBreakdown()
     gold = {Span(0, 5, PER), Span(10, 15, PER), Span(20, 25, PER)}
-    predicted = {Span(0, 3, PER), Span(30, 35, PER)}  # a cut span and a span that is no entity
-    others = {Span(10, 15, "ORG")}  # the second gold span came out under another label
-    errors.add(PER, gold, predicted, others, count=3)
+    predicted = {Span(0, 3, PER), Span(30, 35, PER), Span(40, 44, PER)}  # a cut span, a span that is no entity, an ORG
+    other_predicted = {Span(10, 15, "ORG")}  # the second gold span came out under another label
+    other_gold = {Span(40, 44, "ORG")}
+    errors.add(PER, gold, predicted, other_predicted, other_gold, count=3)
     assert errors.missed["boundary", PER] == 1
     assert errors.missed["label", PER] == 1
     assert errors.missed["mention", PER] == 1
     assert errors.false["boundary", PER] == 1
-    assert errors.false["count", PER] == 0  # the count was right: the false span is the mention's fault
+    assert errors.false["count", PER] == 0  # the count was right: the false spans are the mentions' fault
+    assert errors.false["label", PER] == 1
     assert errors.false["mention", PER] == 1
     assert errors.counts["right", PER] == 1
 
 
 def test_a_count_too_high_explains_its_false_entities() -> None:
     errors = ErrorBreakdown()
-    errors.add(PER, {Span(0, 5, PER)}, {Span(0, 5, PER), Span(7, 9, PER)}, set(), count=2)
+    errors.add(PER, {Span(0, 5, PER)}, {Span(0, 5, PER), Span(7, 9, PER)}, set(), set(), count=2)
     assert errors.false["count", PER] == 1 and errors.counts["high", PER] == 1
     assert "| count | 0 | 1 |" in errors.table()
 

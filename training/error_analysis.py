@@ -10,7 +10,8 @@ window are its count. Each (text, label) is then scored against the gold spans:
   **label** (the same span came out under another label), else to a **mention** (its k-th
   query named another entity, a duplicate, or nothing in the text);
 * a false entity is put down first to the **count** (a count above the gold number), then to a
-  boundary, a label, else to a **mention** (a span that is no entity).
+  boundary, a **label** (the span is an entity of another label), else to a **mention** (a span
+  that is no entity).
 """
 
 from __future__ import annotations
@@ -56,19 +57,21 @@ class ErrorBreakdown:
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)  # (low | right | high, label) -> (text, label) pairs
     gold: Counter[str] = field(default_factory=Counter)
 
-    def add(self, label: str, gold: set[Span], predicted: set[Span], others: set[Span], count: int) -> None:
-        """Score one (text, label): its gold and predicted spans, the predictions of other labels
-        and the label's count."""
+    def add(self, label: str, gold: set[Span], predicted: set[Span], other_predicted: set[Span], other_gold: set[Span],
+            count: int) -> None:
+        """Score one (text, label): its gold and predicted spans, the predicted and gold spans of
+        the other labels, and the label's count."""
         self.gold[label] += len(gold)
         self.counts["low" if count < len(gold) else "high" if count > len(gold) else "right", label] += 1
-        for errors, wrong, budget, overlapping in ((self.missed, gold - predicted, len(gold) - count, predicted),
-                                                    (self.false, predicted - gold, count - len(gold), gold)):
+        for errors, wrong, budget, overlapping, elsewhere in (
+                (self.missed, gold - predicted, len(gold) - count, predicted, other_predicted),
+                (self.false, predicted - gold, count - len(gold), gold, other_gold)):
             for span in sorted(wrong, key=lambda s: (s.start, s.end)):
                 if budget > 0:
                     cause, budget = "count", budget - 1
                 elif any(o.start < span.end and span.start < o.end for o in overlapping):
                     cause = "boundary"
-                elif any((o.start, o.end) == (span.start, span.end) for o in others):
+                elif any((o.start, o.end) == (span.start, span.end) for o in elsewhere):
                     cause = "label"
                 else:
                     cause = "mention"
@@ -120,6 +123,8 @@ def padellm_errors(engine: NEREngine, examples: Sequence[Example], options: Extr
                 counts[window.text_index, mention.label] += 1
         for index, (example, result) in enumerate(zip(batch, results)):
             for label in labels:
-                others = {Span(e.start, e.end, e.label) for e in result.entities if e.label != label}
-                breakdown.add(label, _spans(example.spans, label), _spans(result.entities, label), others, counts[index, label])
+                other_predicted = {Span(e.start, e.end, e.label) for e in result.entities if e.label != label}
+                other_gold = {s for s in example.spans if s.label != label}
+                breakdown.add(label, _spans(example.spans, label), _spans(result.entities, label), other_predicted, other_gold,
+                              counts[index, label])
     return breakdown
