@@ -35,16 +35,18 @@ CAUSES = ("count", "boundary", "label", "mention")
 
 
 class RecordingStrategy(Strategy):
-    """Another strategy, asked as usual, keeping each window's mentions as they were answered."""
+    """Another strategy, asked as usual, counting each text's answers per label as they were
+    answered (before alignment: under PaDeLLM, a label's count)."""
 
     def __init__(self, inner: Strategy) -> None:
         super().__init__(inner.ner_model, inner.options)
         self.inner = inner
-        self.answered: list[tuple[Window, list[Mention]]] = []
+        self.answers: Counter[tuple[int, str]] = Counter()  # (text index in the batch, label) -> answers
 
     def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
         found = self.inner.mentions(windows, labels, decoder, stats)
-        self.answered.extend(zip(windows, found))
+        for window, mentions in zip(windows, found):
+            self.answers.update((window.text_index, mention.label) for mention in mentions)
         return found
 
 
@@ -117,14 +119,10 @@ def padellm_errors(engine: NEREngine, examples: Sequence[Example], options: Extr
         batch = examples[start:start + batch_size]
         recorder = RecordingStrategy(engine.strategy(options.strategy or "padellm"))
         results = engine.extract_with(options, [e.text for e in batch], strategy=recorder)
-        counts: Counter[tuple[int, str]] = Counter()
-        for window, mentions in recorder.answered:
-            for mention in mentions:
-                counts[window.text_index, mention.label] += 1
         for index, (example, result) in enumerate(zip(batch, results)):
             for label in labels:
                 other_predicted = {Span(e.start, e.end, e.label) for e in result.entities if e.label != label}
                 other_gold = {s for s in example.spans if s.label != label}
                 breakdown.add(label, _spans(example.spans, label), _spans(result.entities, label), other_predicted, other_gold,
-                              counts[index, label])
+                              recorder.answers[index, label])
     return breakdown
