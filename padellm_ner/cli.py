@@ -88,11 +88,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from corpora import read_corpus
+    from corpora import read_conll_documents, read_corpus
     from training.evaluate import evaluate_engine
 
     options = _options(args)
-    examples = read_corpus(args.path)[: args.limit]
+    separator = {"newline": "\n", "space": " "}.get(args.documents)
+    examples = (read_conll_documents(args.path, separator) if separator else read_corpus(args.path))[: args.limit]
     engine = _engine(args)
     report = evaluate_engine(engine, examples, strategy=options.strategy, decoder=options.decoder, batch_size=args.batch_size, labels=options.labels)
     report["model"] = engine.name
@@ -137,6 +138,9 @@ def _evaluate_options(evaluate: argparse.ArgumentParser) -> None:
     evaluate.add_argument("--limit", type=int, default=None)
     evaluate.add_argument("--batch-size", type=int, default=1)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
+    evaluate.add_argument("--documents", choices=["newline", "space"], default=None,
+                          help="send each -DOCSTART- document of a column file as one text, its sentences joined by a "
+                               "newline or a space (users send paragraphs, not sentences); --limit counts documents")
     evaluate.add_argument("--errors", action="store_true",
                           help="then run again, putting each missed and false entity down to its cause: the label's count, "
                                "a boundary, another label, or the mention its query named (the padellm strategy)")

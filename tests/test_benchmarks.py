@@ -184,3 +184,9 @@ def test_batch_throughput_without_spacy_says_how_to_install_it(tmp_path: Path, m
     monkeypatch.setattr(batch_throughput, "SPACY_MODEL", "no_such_spacy_pipeline")
     line = _exit_line(monkeypatch, capsys, "batch_throughput", "--json", str(tmp_path / "x.json"))
     assert "no_such_spacy_pipeline" in line and ".[bench]" in line and "--no-spacy" in line
+
+
+def test_kept_vocabulary_without_a_kept_vocabulary_ends_with_one_line(tmp_path: Path, data_dir: Path) -> None:
+    line = _one_line_exit(_run("kept_vocabulary.py", "--model", "tiny-conll03", "--limit", "2",
+                               "--data", str(data_dir / "resume" / "dev.txt"), "--json", str(tmp_path / "k.json")))
+    assert "not trained over a kept vocabulary" in line

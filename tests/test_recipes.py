@@ -56,12 +56,13 @@ def test_recipes_train_in_float32_on_the_cpu(small_data: Path, tmp_path: Path) -
 
 
 def test_stages_continue_from_the_previous_stage(small_data: Path, tmp_path: Path) -> None:
-    run = RecipeRun(small_data, tmp_path / "zh-resume", device="cuda", max_steps=3)
-    first, second, third = stage_configs(load_recipe("zh-resume"), run)
-    assert first.init is None and second.init == first.output and third.init == second.output
-    assert first.output == str(tmp_path / "zh-resume-stage1") and third.output == str(tmp_path / "zh-resume")
-    assert {first.device, third.device} == {"cuda"} and {first.max_steps, second.max_steps, third.max_steps} == {3}
+    run = RecipeRun(small_data, tmp_path / "zh-weibo", device="cuda", max_steps=3)
+    first, second, third, fourth = stage_configs(load_recipe("zh-weibo"), run)
+    assert first.init is None and second.init == first.output and third.init == second.output and fourth.init == third.output
+    assert first.output == str(tmp_path / "zh-weibo-stage1") and fourth.output == str(tmp_path / "zh-weibo")
+    assert {first.device, fourth.device} == {"cuda"} and {first.max_steps, second.max_steps, fourth.max_steps} == {3}
     assert first.dev == str(small_data / "resume" / "dev.txt") and second.dev is None
+    assert fourth.train == str(small_data / "weibo" / "train.txt")
 
 
 @pytest.mark.parametrize("text, problem", [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ner_service.engine.chunking import chunk_spans
+from ner_service.engine.chunking import chunk_spans, mostly_single_sentences, sentence_spans
 from ner_service.engine.spans import Entity, Mention, align_mentions, resolve_label_conflicts
 
 
@@ -44,3 +44,34 @@ def test_chunks_respect_the_budget_and_keep_offsets() -> None:
     unspaced = "中" * 50
     pieces = chunk_spans(unspaced, len, 8)
     assert "".join(unspaced[s:e] for s, e in pieces) == unspaced and all(e - s <= 8 for s, e in pieces)
+
+
+def test_sentences_end_at_stops_but_not_after_abbreviations_initials_or_list_numbers() -> None:
+    text = 'Mr. Smith went to the U.S. on Monday. He met J. Doe there! "Great," he said. 2. England 8.61\nBRUSSELS 1996-08-22'
+    assert [text[s:e].strip() for s, e in sentence_spans(text)] == [
+        "Mr. Smith went to the U.S. on Monday.", "He met J. Doe there!", '"Great," he said.', "2. England 8.61", "BRUSSELS 1996-08-22"]
+    chinese = "张三毕业于北京大学。现任华为公司工程师！他说：“好。”然后走了；"
+    assert [chinese[s:e] for s, e in sentence_spans(chinese)] == ["张三毕业于北京大学。", "现任华为公司工程师！", "他说：“好。”", "然后走了；"]
+    assert "".join(text[s:e] for s, e in sentence_spans(text)) == text  # the spans tile the text
+
+
+def test_a_model_of_single_sentences_reads_one_sentence_per_window() -> None:
+    text = "EU rejects German call . Peter Blackburn\nThe Commission said on Thursday it disagreed ."
+    count = lambda s: len(s.split())  # noqa: E731
+    packed = chunk_spans(text, count, 40)
+    alone = chunk_spans(text, count, 40, one_sentence=True)
+    assert [text[s:e] for s, e in packed] == [text]
+    assert [text[s:e] for s, e in alone] == ["EU rejects German call .", "Peter Blackburn", "The Commission said on Thursday it disagreed ."]
+    assert mostly_single_sentences(["One sentence .", "Another one"]) and not mostly_single_sentences(["One . Two .", "Three"])
+
+
+def test_conll_documents_join_their_sentences_and_move_the_spans(tmp_path) -> None:
+    from corpora import read_conll_documents
+
+    path = tmp_path / "docs.txt"
+    path.write_text("-DOCSTART- -X- O O\n\nEU I-ORG\nrejects O\n\nPeter I-PER\nBlackburn I-PER\n\n"
+                    "-DOCSTART- -X- O O\n\nParis I-LOC\nsaid O\n\n", encoding="utf-8")
+    first, second = read_conll_documents(path, " ")
+    assert first.text == "EU rejects Peter Blackburn" and second.text == "Paris said"
+    assert [(first.text[s.start:s.end], s.label) for s in first.spans] == [("EU", "ORG"), ("Peter Blackburn", "PER")]
+    assert read_conll_documents(path)[0].text == "EU rejects\nPeter Blackburn"

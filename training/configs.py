@@ -54,6 +54,9 @@ class TrainConfig:
     #: Texts with a label of at least ``hard_count_min`` mentions are seen this many times an epoch.
     hard_count_repeat: int = 1
     hard_count_min: int = 3
+    #: The loss's softmax spans only the tokens of the training rows and single characters
+    #: (saved as ``kept_vocabulary.json``): Gemma 3's 262k-token head is most of a step otherwise.
+    kept_vocabulary: bool = False
 
 
 @dataclass

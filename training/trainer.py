@@ -20,11 +20,13 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from general_decoding.kept_vocabulary import KeptVocabulary
 from training.batching import length_batches
 from training.checkpoints import CheckpointClock, load_checkpoint, save_checkpoint
 from training.loss import answer_loss, inner_model, optimizer_step
 from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indices
 from ner_service.engine import NEREngine, NERModel, NERModelConfig
+from ner_service.engine.chunking import mostly_single_sentences
 from ner_service.engine.ner_model import SELF_CONTAINED, load_base
 from corpora import Example, check_labels, read_corpus
 from training.evaluate import evaluate_engine
@@ -74,18 +76,19 @@ def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedToken
     return model, tokenizer, trained[0]
 
 
-def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTokenizerBase) -> NERModelConfig:
+def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTokenizerBase, sentence_windows: bool) -> NERModelConfig:
     return NERModelConfig(
         name=config.name, labels=labels, base=SELF_CONTAINED if config.full else config.base, language=config.language,
-        eos_token=tokenizer.eos_token, label_names=dict(config.label_names),
+        eos_token=tokenizer.eos_token, label_names=dict(config.label_names), sentence_windows=sentence_windows,
     )
 
 
-def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, labels: list[str], dev: list[Example]) -> dict:
+def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig,
+                             dev: list[Example]) -> dict:
     """Dev scores of the model as it is now (both decoders when both formats are trained)."""
     lm = inner_model(model)
     lm.eval()
-    engine = NEREngine(NERModel(lm, tokenizer, _ner_config(config, labels, tokenizer), Path(config.output)))
+    engine = NEREngine(NERModel(lm, tokenizer, ner_config, Path(config.output)))
     scores = {
         decoder: evaluate_engine(engine, dev, strategy=decoder, batch_size=config.eval_batch_size, progress=False)
         for decoder in ("padellm", "ar")
@@ -109,10 +112,12 @@ def train(config: TrainConfig) -> dict:
     if unknown:
         raise ValueError(f"loss_weights names unknown query kinds {sorted(unknown)}; the kinds: {', '.join(QUERY_KINDS)}")
     model, tokenizer, first_layer = prepare_model(config)
+    ner_config = _ner_config(config, labels, tokenizer, mostly_single_sentences([e.text for e in train_examples]))
     train_examples = oversample_hard_counts(train_examples, labels, config.hard_count_min, config.hard_count_repeat)
     rows = [build_row(e, labels, tokenizer, config.formats, config.label_names, config.loss_weights or None)
             for e in tqdm(train_examples, desc="build rows", unit="text")]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    vocabulary = KeptVocabulary.of((t for r in rows for t in r.tree.input_ids), tokenizer) if config.kept_vocabulary else None
     lengths = [len(r.tree) for r in rows]
     steps_per_epoch = len(length_batches(lengths, config.batch_tokens, config.seed))
     total_steps = config.max_steps or max(1, math.ceil(steps_per_epoch * config.epochs))
@@ -147,7 +152,7 @@ def train(config: TrainConfig) -> dict:
         """Score dev at the end of each epoch and of the run (once per step reached)."""
         epoch_ended = state["step"] // steps_per_epoch > state["evaluated_at"] // steps_per_epoch
         if dev_examples and state["step"] != state["evaluated_at"] and (epoch_ended or finished()):
-            scores = evaluate_during_training(model, tokenizer, config, labels, dev_examples)
+            scores = evaluate_during_training(model, tokenizer, config, ner_config, dev_examples)
             state["history"].append({"epoch": round(state["step"] / steps_per_epoch, 2), "step": state["step"],
                                      "train_seconds": round(state["seconds"], 1), **scores})
             tqdm.write(f"epoch {state['history'][-1]['epoch']} dev: {json.dumps(scores)}")
@@ -158,7 +163,7 @@ def train(config: TrainConfig) -> dict:
         for batch in length_batches(lengths, config.batch_tokens, config.seed + epoch)[state["step"] - epoch * steps_per_epoch:]:
             began = time.perf_counter()
             hidden = frozen.padded(batch) if frozen is not None else None
-            loss = answer_loss(model, [rows[i] for i in batch], pad, hidden, first_layer)
+            loss = answer_loss(model, [rows[i] for i in batch], pad, hidden, first_layer, vocabulary)
             optimizer_step(loss, trainable, optimizer, scheduler)
             state["step"] += 1
             state["tokens"] += sum(lengths[i] for i in batch)
@@ -175,10 +180,13 @@ def train(config: TrainConfig) -> dict:
         clock.reset()
     evaluate_if_due()
     bar.close()
-    return save_model(model, tokenizer, config, labels, state)
+    if vocabulary is not None:
+        output.mkdir(parents=True, exist_ok=True)
+        vocabulary.save(output)
+    return save_model(model, tokenizer, config, ner_config, state)
 
 
-def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, labels: list[str], state: dict) -> dict:
+def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig, state: dict) -> dict:
     """Write the adapter (fp16) or the full model, ``ner_model.json``, ``training.json`` and a
     ``README.md`` model card. The adapter names its base as the run was given it (an alias such
     as ``smollm2-135m-instruct``, a name or a path), never the folder it resolved to on this
@@ -197,13 +205,12 @@ def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, confi
         # training keeps the base's vocabulary: no embeddings to save, and no look-up of the base's
         # config.json (by the name as given, which peft would try on the Hugging Face Hub)
         model.save_pretrained(output, save_embedding_layers=False)
-    ner_config = _ner_config(config, labels, tokenizer)
     ner_config.metrics = {"dev_during_training": state["history"][-1] if state["history"] else None}
     ner_config.write(output)
     summary = {"config": asdict(config), "steps": state["step"], "tokens": state["tokens"], "train_seconds": round(state["seconds"], 1),
                "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1), "history": state["history"]}
     (output / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (output / "README.md").write_text(model_card(config, labels, summary), encoding="utf-8")  # in place of peft's empty template
+    (output / "README.md").write_text(model_card(config, ner_config.labels, summary), encoding="utf-8")  # in place of peft's empty template
     return summary
 
 

@@ -1,4 +1,10 @@
-"""Split long texts into windows the model was trained on, keeping character offsets."""
+"""Split texts into the windows a model reads, keeping character offsets.
+
+A model trained on single sentences (CoNLL-03) under-counts the mentions of a paragraph: asked
+about five sentences at once, it answers as if it were one. Such a model reads each sentence as
+a window of its own (``one_sentence``); a model trained on longer texts (Weibo posts) reads
+sentences packed up to the token budget.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,14 @@ from dataclasses import dataclass
 
 SENTENCE_END = re.compile(r"(?<=[.!?。！？；;])\s*|\n+")
 SPACE = re.compile(r"\s+")
+#: Where a sentence ends: after a full stop, question or exclamation mark (and any closing quotes
+#: or brackets) followed by white space and what can start a sentence; after a Chinese one
+#: (。！？；) anyway; at a line break.
+SENTENCE_BREAK = re.compile(r"""(?<=[.!?])["'”’)\]]*\s+(?=["'“‘(\[]?[A-Z0-9])|(?<=[。！？；])[”’」』）]*\s*|\n+""")
+#: Words whose full stop does not end a sentence (besides initials, words with inner stops such as
+#: U.S., and the numbers of a list: "2. England").
+ABBREVIATIONS = frozenset("""mr mrs ms dr prof st jr sr inc co corp ltd gen sen rep gov lt col sgt capt mt no vs etc
+    jan feb mar apr jun jul aug sep sept oct nov dec""".split())
 
 
 @dataclass(frozen=True)
@@ -19,10 +33,39 @@ class Window:
     text: str
 
 
-def windows_of(texts: Sequence[str], count_tokens: Callable[[str], int], max_tokens: int) -> list[Window]:
+def windows_of(texts: Sequence[str], count_tokens: Callable[[str], int], max_tokens: int, one_sentence: bool = False) -> list[Window]:
     """Every text's windows (:func:`chunk_spans`) in order; a blank text has none."""
     return [Window(index, start, text[start:end]) for index, text in enumerate(texts) if text.strip()
-            for start, end in chunk_spans(text, count_tokens, max_tokens)]
+            for start, end in chunk_spans(text, count_tokens, max_tokens, one_sentence)]
+
+
+def mostly_single_sentences(texts: Sequence[str], share: float = 0.95) -> bool:
+    """Whether at least ``share`` of ``texts`` are one sentence each (a model trained on them
+    reads a sentence per window)."""
+    return bool(texts) and sum(len(sentence_spans(text)) == 1 for text in texts) >= share * len(texts)
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each sentence of ``text`` (:data:`SENTENCE_BREAK`), white space
+    included, so that the spans tile the text; a full stop after an abbreviation, an initial or
+    a word with inner stops (U.S.) does not end a sentence."""
+    spans, start = [], 0
+    for match in SENTENCE_BREAK.finditer(text):
+        if match.end() <= start or match.end() >= len(text):
+            continue
+        if text[match.start() - 1:match.start()] == "." and _abbreviation(text, match.start() - 1):
+            continue
+        spans.append((start, match.end()))
+        start = match.end()
+    spans.append((start, len(text)))
+    return [(s, e) for s, e in spans if e > s]
+
+
+def _abbreviation(text: str, stop: int) -> bool:
+    """Whether the full stop at ``stop`` closes an abbreviation rather than a sentence."""
+    word = text[:stop].rsplit(None, 1)[-1] if text[:stop].strip() else ""
+    return bool(word) and ("." in word or (len(word) == 1 and word.isupper()) or word.lower() in ABBREVIATIONS
+                           or (word.isdigit() and len(word) <= 2))
 
 
 def _pieces(text: str, start: int, end: int, pattern: re.Pattern[str]) -> list[tuple[int, int]]:
@@ -36,16 +79,18 @@ def _pieces(text: str, start: int, end: int, pattern: re.Pattern[str]) -> list[t
     return [c for c in cuts if c[1] > c[0]]
 
 
-def chunk_spans(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[tuple[int, int]]:
+def chunk_spans(text: str, count_tokens: Callable[[str], int], max_tokens: int, one_sentence: bool = False) -> list[tuple[int, int]]:
     """``(start, end)`` windows covering ``text``, each of at most ``max_tokens`` tokens.
 
-    Sentences are packed greedily; a sentence too long on its own is cut at white space,
-    and a run without white space (e.g. Chinese) is cut by characters.
+    Sentences are packed greedily, or with ``one_sentence`` each is a window of its own; a
+    sentence too long on its own is cut at white space, and a run without white space (e.g.
+    Chinese) is cut by characters.
     """
     if max_tokens < 1:
         raise ValueError("max_tokens must be >= 1")
     units: list[tuple[int, int]] = []
-    for start, end in _pieces(text, 0, len(text), SENTENCE_END):
+    sentences = sentence_spans(text) if one_sentence else _pieces(text, 0, len(text), SENTENCE_END)
+    for start, end in sentences:
         if count_tokens(text[start:end]) <= max_tokens:
             units.append((start, end))
             continue
@@ -57,7 +102,7 @@ def chunk_spans(text: str, count_tokens: Callable[[str], int], max_tokens: int) 
                 units.extend((i, min(i + step, w_end)) for i in range(w_start, w_end, step))
     chunks: list[tuple[int, int]] = []
     for start, end in units:
-        if chunks and count_tokens(text[chunks[-1][0]:end]) <= max_tokens:
+        if chunks and not one_sentence and count_tokens(text[chunks[-1][0]:end]) <= max_tokens:
             chunks[-1] = (chunks[-1][0], end)
         else:
             chunks.append((start, end))

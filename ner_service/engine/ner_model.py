@@ -44,6 +44,7 @@ class NERModelConfig:
     lud_unit_size: int | None = None
     count_bias: float = 0.0  # added to a count's log-probability per unit of its first digit (PaDeLLM)
     repair_unaligned: bool = True  # PaDeLLM: re-ask a mention not in the text, restricted to its spans
+    sentence_windows: bool = False  # read each sentence as a window of its own (trained on single sentences)
     mask_token: str | None = None  # set by `train-diffusion`: the mask token of a masked-diffusion model
     diffusion_shift: bool = False  # a diffusion model adapted from an AR LM reads token i from column i - 1
     diffusion_causal_prompt: bool = False  # ... and keeps its prompt causal (only the answer is bidirectional)
