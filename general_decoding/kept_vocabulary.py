@@ -46,14 +46,16 @@ class KeptVocabulary:
 
     def logits(self, hidden: torch.Tensor, head: torch.nn.Linear) -> torch.Tensor:
         """Logits of ``hidden`` over the kept tokens only, in the order of :attr:`ids`."""
-        weight = head.weight.index_select(0, self.ids.to(head.weight.device))
-        bias = None if head.bias is None else head.bias.index_select(0, self.ids.to(head.weight.device))
+        ids = self.ids.to(head.weight.device)
+        weight = head.weight.index_select(0, ids)
+        bias = None if head.bias is None else head.bias.index_select(0, ids)
         return torch.nn.functional.linear(hidden, weight, bias)
 
     def indices(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The kept-list index of each token id (all of them must be kept)."""
-        found = torch.searchsorted(self.ids.to(token_ids.device), token_ids)
-        if bool((found >= len(self.ids)).any()) or bool((self.ids.to(token_ids.device)[found.clamp(max=len(self.ids) - 1)] != token_ids).any()):
+        ids = self.ids.to(token_ids.device)
+        found = torch.searchsorted(ids, token_ids)
+        if bool((found >= len(ids)).any()) or bool((ids[found.clamp(max=len(ids) - 1)] != token_ids).any()):
             raise ValueError("a target token is not in the kept vocabulary")
         return found
 
