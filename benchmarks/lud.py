@@ -1,17 +1,21 @@
-"""Lexical-unit decoding against greedy decoding, for the AR baseline and for PaDeLLM, in one run.
+"""Lexical-unit decoding against greedy and the lossless decoders, for AR and PaDeLLM, in one run.
 
-The LUD model (``padellm-ner train-lud`` on top of the shipped model) decodes with
-``--decoder lud``; the reference is the model it was fine-tuned from, decoding greedily.
-Per strategy: wall-clock speed-up (same sentences, batch 1, interleaved), decoded tokens
-per decoding forward, and dev micro-F1 before (greedy) and after (LUD).
+The LUD model (``padellm-ner train --recipe en-conll03-lud``) decodes with ``--decoder lud``;
+its adapter applies at placeholder columns only, so the model it was fine-tuned from decodes
+the references: ``greedy``, and the lossless drafters ``copy`` and ``anpd`` (token for token
+greedy). Per strategy and batch size, every decoder runs over the same sentences, interleaved
+batch by batch so that noise hits them alike: wall-clock speed-up over greedy, decoded tokens
+per decoding forward, micro-F1, and answers that ran to their token limit (unfinished).
 
-Usage: python benchmarks/lud.py [--limit N] [--json PATH] [--model LUD_MODEL] [--data FILE] [--threshold T]
+Usage: python benchmarks/lud.py [--limit N] [--json PATH] [--model LUD_MODEL] [--data FILE]
+       [--threshold T] [--batch-sizes 1,16]
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,60 +24,82 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.reporting import bar_plots, benchmark_parser, print_table, require_model, write_json  # noqa: E402
-from general_decoding import get_decoder  # noqa: E402
-from ner_service.engine import NEREngine  # noqa: E402
 from corpora import read_corpus  # noqa: E402
+from general_decoding import Decoder, get_decoder  # noqa: E402
+from ner_service.engine import NEREngine  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
 
 RECIPE = "en-conll03-lud"
+REFERENCES = ("greedy", "copy", "anpd")
+
+
+@dataclass
+class Run:
+    """One decoder on one engine, and what it measured."""
+
+    engine: NEREngine
+    decoder: str | Decoder
+    seconds: float = 0.0
+    tokens: int = 0
+    forwards: int = 0
+    unfinished: int = 0
+    predicted: list = field(default_factory=list)
+
+
+def measure(lud: NEREngine, reference: NEREngine, lud_decoder: Decoder, texts: list[str], strategy: str, batch_size: int) -> dict[str, Run]:
+    runs = {name: Run(reference, name) for name in REFERENCES} | {"lud": Run(lud, lud_decoder)}
+    for run in runs.values():  # warm-up
+        run.engine.extract(texts[:batch_size], strategy=strategy, decoder=run.decoder)
+    for start in tqdm(range(0, len(texts), batch_size), desc=f"{strategy} batch {batch_size}", unit="batch"):
+        batch = texts[start:start + batch_size]
+        for run in runs.values():
+            began = time.perf_counter()
+            results = run.engine.extract(batch, strategy=strategy, decoder=run.decoder)
+            run.seconds += time.perf_counter() - began
+            stats = results[0].stats  # the batch's, shared by its texts
+            run.tokens += stats.generated_tokens
+            run.forwards += stats.forward_passes - (1 if strategy == "padellm" else 0)  # the count step is not decoding
+            run.unfinished += stats.unfinished_answers
+            run.predicted += [[(e.start, e.end, e.label) for e in result.entities] for result in results]
+    return runs
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__, "lud", limit=100, limit_help="dev sentences", model=f"runs/{RECIPE}",
-                              model_help=f"the LUD model, from padellm-ner train --recipe {RECIPE} or train-lud (name or folder)")
+    parser = benchmark_parser(__doc__, "lud", limit=100, limit_help="dev sentences", model=RECIPE,
+                              model_help=f"the LUD model (name or folder; padellm-ner train --recipe {RECIPE} writes runs/{RECIPE})")
     parser.add_argument("--threshold", type=float, default=0.9, help="placeholder confidence that extends a unit")
+    parser.add_argument("--batch-sizes", default="1,16")
     args = parser.parse_args()
     require_model("lud", args.model, RECIPE)
 
     lud = NEREngine.load(args.model)
     reference = NEREngine.load(lud.ner_model.config.base)
     decoder = get_decoder("lud", unit_size=lud.ner_model.config.lud_unit_size or 4, threshold=args.threshold)
-    runs = {"greedy": (reference, "greedy"), "lud": (lud, decoder)}
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
+    texts = [e.text for e in examples]
     gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
-    results = []
-    for strategy in ("ar", "padellm"):
-        seconds = {name: 0.0 for name in runs}
-        tokens = {name: 0 for name in runs}
-        forwards = {name: 0 for name in runs}
-        predicted: dict[str, list] = {name: [] for name in runs}
-        for example in tqdm(examples, desc=strategy, unit="text"):
-            for name, (engine, backend) in runs.items():  # interleaved: noise hits both alike
-                began = time.perf_counter()
-                out = engine.extract([example.text], strategy=strategy, decoder=backend)[0]
-                seconds[name] += time.perf_counter() - began
-                tokens[name] += out.stats.generated_tokens
-                forwards[name] += out.stats.forward_passes - (1 if strategy == "padellm" else 0)  # the count step is not decoding
-                predicted[name].append([(e.start, e.end, e.label) for e in out.entities])
-        results.append({
-            "model": strategy,
-            "speedup": seconds["greedy"] / seconds["lud"],
-            "tokens_per_forward": tokens["lud"] / max(forwards["lud"], 1),
-            "tokens_per_forward_greedy": tokens["greedy"] / max(forwards["greedy"], 1),
-            "f1_greedy": span_f1(gold, predicted["greedy"])["micro_f1"],
-            "f1_lud": span_f1(gold, predicted["lud"])["micro_f1"],
-            "ms_greedy": 1000 * seconds["greedy"] / len(examples),
-            "ms_lud": 1000 * seconds["lud"] / len(examples),
-        })
-    print(f"\n{args.model} (threshold {args.threshold}) vs {lud.ner_model.config.base} greedy, {len(examples)} sentences, "
-          f"batch 1, {torch.get_num_threads()} threads")
-    print_table(results, ["model", "speedup", "tokens_per_forward", "tokens_per_forward_greedy", "f1_greedy", "f1_lud", "ms_greedy", "ms_lud"])
-    path = write_json(args.json, {"benchmark": "lud", "model": args.model, "threshold": args.threshold,
-                                  "n_sentences": len(examples), "results": results})
-    png = bar_plots(path.with_suffix(".png"), [r["model"] for r in results], {
-        "speed-up over greedy": [r["speedup"] for r in results],
-        "tokens per forward": [r["tokens_per_forward"] for r in results],
-        "F1 greedy / LUD": [r["f1_lud"] - r["f1_greedy"] for r in results],
+    rows = []
+    for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
+        for strategy in ("ar", "padellm"):
+            runs = measure(lud, reference, decoder, texts, strategy, batch_size)
+            for name, run in runs.items():
+                rows.append({
+                    "strategy": strategy, "batch": batch_size, "decoder": name,
+                    "speedup_vs_greedy": runs["greedy"].seconds / run.seconds,
+                    "ms_per_text": 1000 * run.seconds / len(texts),
+                    "tokens_per_forward": run.tokens / max(run.forwards, 1),
+                    "micro_f1": span_f1(gold, run.predicted)["micro_f1"],
+                    "unfinished_answers": run.unfinished,
+                })
+    print(f"\n{args.model} (lud, threshold {args.threshold}) against {lud.ner_model.config.base} "
+          f"({', '.join(REFERENCES)}), {len(texts)} sentences, {torch.get_num_threads()} threads")
+    print_table(rows, ["strategy", "batch", "decoder", "speedup_vs_greedy", "ms_per_text", "tokens_per_forward", "micro_f1", "unfinished_answers"])
+    path = write_json(args.json, {"benchmark": "lud", "model": args.model, "reference": lud.ner_model.config.base,
+                                  "threshold": args.threshold, "n_sentences": len(texts), "results": rows})
+    png = bar_plots(path.with_suffix(".png"), [f"{r['strategy']} b{r['batch']} {r['decoder']}" for r in rows], {
+        "speed-up over greedy": [r["speedup_vs_greedy"] for r in rows],
+        "tokens per forward": [r["tokens_per_forward"] for r in rows],
+        "micro-F1": [r["micro_f1"] for r in rows],
     }, f"Lexical-unit decoding, {args.model}")
     print(f"wrote {path} and {png}")
 

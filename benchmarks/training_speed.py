@@ -220,7 +220,7 @@ def prepare(arm: Arm, base: str, args: argparse.Namespace, rows: list, pad: int,
     if arm.first_layer > 0:
         if arm.first_layer not in frozen_by_layer:
             began = time.perf_counter()
-            frozen = FrozenHidden.build(inner_model(arm.model), [r.tree for r in rows], arm.first_layer,
+            frozen = FrozenHidden.build(inner_model(arm.model), [r.tree.parent_tree() for r in rows], arm.first_layer,
                                         work / f"frozen{arm.first_layer}", pad, args.batch_tokens)
             frozen_by_layer[arm.first_layer] = (frozen, time.perf_counter() - began)
         arm.frozen, arm.build_seconds = frozen_by_layer[arm.first_layer]

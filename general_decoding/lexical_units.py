@@ -9,6 +9,10 @@ greedy token); placeholder ``j`` gives ``g_j``, kept while its probability is at
 ``threshold`` (and every earlier one was kept). Placeholder columns leave the cache after
 the forward. Not lossless: a confident placeholder may differ from what greedy decoding
 would have produced; ``threshold > 1`` is plain greedy decoding.
+
+:func:`restrict_adapter_to_placeholders` makes a LoRA adapter apply at placeholder columns only:
+every other column then computes exactly what the model without the adapter computes, so the
+greedy token of each forward is the original model's, and placeholders cannot change it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,43 @@ def placeholder_id_of(model: PreTrainedModel) -> int:
     if value is None:
         raise ValueError("this model was not fine-tuned for lexical units (train it with `padellm-ner train-lud`)")
     return int(value)
+
+
+class PlaceholderColumns:
+    """Which columns of the current forward hold the placeholder token: the gate of a LoRA
+    adapter restricted by :func:`restrict_adapter_to_placeholders`."""
+
+    def __init__(self, placeholder_id: int) -> None:
+        self.placeholder_id = placeholder_id
+        self.mask: torch.Tensor | None = None
+
+    def see(self, input_ids: torch.Tensor) -> None:
+        """Take the columns of ``input_ids`` (``[batch, length]``) for the next forward."""
+        self.mask = input_ids == self.placeholder_id
+
+    def gate(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        """A forward hook on a LoRA ``B`` matrix: its update, zero outside placeholder columns."""
+        if self.mask is None or self.mask.shape != output.shape[:2]:
+            raise RuntimeError("the placeholder columns of this forward are unknown: feed input_ids, or call see() first")
+        return output * self.mask.to(output.device, output.dtype).unsqueeze(-1)
+
+
+def restrict_adapter_to_placeholders(model: PreTrainedModel, placeholder_id: int) -> PlaceholderColumns:
+    """Gate every (unmerged) LoRA update of ``model`` to the columns that hold ``placeholder_id``;
+    the columns are read from the token ids each forward embeds (training from hidden states
+    calls :meth:`PlaceholderColumns.see` itself)."""
+    columns = PlaceholderColumns(placeholder_id)
+    gated = 0
+    for module in model.modules():
+        lora_b = getattr(module, "lora_B", None)
+        if isinstance(lora_b, torch.nn.ModuleDict):
+            for linear in lora_b.values():
+                linear.register_forward_hook(columns.gate)
+                gated += 1
+    if not gated:
+        raise ValueError("the model has no LoRA adapter to restrict to placeholder columns")
+    model.get_input_embeddings().register_forward_hook(lambda module, args, output: columns.see(args[0]))
+    return columns
 
 
 def accepted_unit(first: int, placeholder_tokens: list[int], placeholder_probs: list[float], threshold: float) -> list[int]:

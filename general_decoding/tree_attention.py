@@ -46,6 +46,10 @@ class PackedTree:
     def __len__(self) -> int:
         return len(self.input_ids)
 
+    def parent_tree(self) -> tuple[list[int], list[int]]:
+        """The same tree as ``(input_ids, parents)``, the form :func:`collate_parent_trees` takes."""
+        return self.input_ids, parents_of(self)
+
 
 def pack_branches(prefix: list[int], branches: list[list[int]]) -> PackedTree:
     """Lay ``branches`` one after another behind ``prefix``."""

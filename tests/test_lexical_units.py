@@ -1,5 +1,6 @@
-"""Lexical-unit decoding and its fine-tuning recipe: units found from confidences, placeholder
-branches in the training tree, the cached batched decoder equal to a step-by-step reference."""
+"""Lexical-unit decoding and its fine-tuning: placeholder branches after every answer token in the
+training tree, an adapter that changes placeholder columns only, the cached batched decoder equal
+to a step-by-step reference."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import pytest
 import torch
 
 from general_decoding import StopCriteria, get_decoder
-from general_decoding.lexical_units import accepted_unit
+from general_decoding.lexical_units import accepted_unit, restrict_adapter_to_placeholders
 from general_decoding.tree_attention import pack_branches
 from ner_service.engine import NEREngine, prompts
 from training.examples import IGNORE, TrainingRow
-from training.lexical_units import LUDConfig, find_units, lud_row, train_lud
+from training.configs import LUDConfig
+from training.lexical_units import lud_row, train_lud
 
 TEXTS = [
     "EU rejects German call to boycott British lamb .",
@@ -20,21 +22,33 @@ TEXTS = [
 ]
 
 
-def test_units_start_anywhere_and_grow_while_confident() -> None:
-    confidences = [0.1, 0.95, 0.99, 0.2, 0.3, 0.97, 0.91, 0.92, 0.99, 0.5]
-    assert find_units(confidences, unit_size=4, threshold=0.9) == [(0, 3), (4, 4)]
-    assert find_units(confidences, unit_size=2, threshold=0.9) == [(0, 2), (4, 2), (6, 2)]
-    assert find_units([0.1, 0.2], unit_size=4, threshold=0.9) == []
-
-
-def test_placeholder_branches_follow_the_token_before_each_unit() -> None:
+def test_placeholder_branches_follow_every_answer_token() -> None:
     tree = pack_branches([1, 2], [[3, 4, 5, 6]])  # query token 3, answer 4 5 6
     targets = [IGNORE, IGNORE, 4, 5, 6, IGNORE]  # column 2 (token 3) predicts 4, ...
-    row = lud_row(TrainingRow(tree, targets), [0, 0, 0.2, 0.95, 0.96, 0], placeholder_id=99, unit_size=4, threshold=0.9)
-    assert row.units == 1
-    assert row.input_ids == [1, 2, 3, 4, 5, 6, 99, 99]
-    assert row.parents == [-1, 0, 1, 2, 3, 4, 2, 6]  # placeholders hang off the unit's anchor
-    assert row.targets[6:] == [5, 6]
+    row = lud_row(TrainingRow(tree, targets), placeholder_id=99, unit_size=4)
+    assert row.input_ids == [1, 2, 3, 4, 5, 6, 99, 99, 99]
+    # after column 2 (next token 4) two placeholders predict 5 and 6; after column 3 (next 5) one predicts 6
+    assert row.parents == [-1, 0, 1, 2, 3, 4, 2, 6, 3]
+    assert row.targets == [IGNORE] * 6 + [5, 6, 6]
+    assert lud_row(TrainingRow(tree, targets), placeholder_id=99, unit_size=2).targets == [IGNORE] * 6 + [5, 6]
+
+
+def test_the_adapter_changes_placeholder_columns_only(tmp_path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    engine = NEREngine.load("tiny-conll03")
+    model, tokenizer = engine.ner_model.model, engine.ner_model.tokenizer
+    prompt = tokenizer(prompts.prefix(TEXTS[1]) + prompts.ar_query()).input_ids
+    placeholder = next(token for token in range(5, 1000) if token not in prompt)
+    ids = torch.tensor([prompt + [placeholder] * 3])
+    with torch.inference_mode():
+        before = model(input_ids=ids).logits
+    adapted = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False))
+    restrict_adapter_to_placeholders(adapted.get_base_model(), placeholder)
+    with torch.inference_mode():
+        after = adapted(input_ids=ids).logits
+    assert torch.equal(after[0, :-3], before[0, :-3])  # every other column computes exactly what it did
+    assert not torch.allclose(after[0, -3:], before[0, -3:])
 
 
 def _reference(model, prompt: list[int], placeholder: int, unit_size: int, threshold: float, stop: StopCriteria) -> list[int]:
@@ -85,16 +99,21 @@ def test_threshold_above_one_is_greedy_decoding(tiny_engine) -> None:
 
 
 def test_a_model_not_trained_for_units_is_a_clear_error(tiny_engine) -> None:
-    with pytest.raises(ValueError, match="train-lud"):
+    with pytest.raises(ValueError, match="not fine-tuned for lexical units; the shipped models that are: .*recipe en-conll03-lud"):
         tiny_engine.extract(TEXTS[:1], strategy="ar", decoder="lud")
 
 
 def test_train_lud_saves_a_stacked_model_that_decodes(tmp_path, data_dir) -> None:
     output = tmp_path / "lud"
-    summary = train_lud(LUDConfig(model="tiny-conll03", train=str(data_dir / "conll2003" / "train.txt"), output=str(output),
-                                  name="tiny-lud", placeholder="<eos>", threshold=0.2, limit=12, max_steps=2))
-    assert summary["units"] > 0 and summary["steps"] == 2
+    config = LUDConfig(model="tiny-conll03", train=str(data_dir / "conll2003" / "train.txt"), output=str(output),
+                       name="tiny-lud", placeholder="<eos>", limit=12, max_steps=2, top_layers=1)
+    summary = train_lud(config)
+    assert summary["placeholder_targets"] > 0 and summary["steps"] == 2
     engine = NEREngine.load(output)
+    reference = NEREngine.load("tiny-conll03")
     assert engine.name == "tiny-lud" and engine.ner_model.model.config.lud_placeholder_id == engine.ner_model.eos_token_id
     for strategy in ("padellm", "ar"):
+        got = engine.extract(TEXTS, strategy=strategy, decoder="greedy")
+        # greedy decoding never feeds a placeholder: the adapter leaves it exactly the model it was trained from
+        assert [r.entities for r in got] == [r.entities for r in reference.extract(TEXTS, strategy=strategy, decoder="greedy")]
         engine.extract(TEXTS, strategy=strategy, decoder="lud")  # runs end to end through the engine

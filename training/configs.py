@@ -128,7 +128,8 @@ class DiffusionConfig:
 
 @dataclass
 class LUDConfig:
-    """A lexical-unit fine-tuning run (saved as ``training.json`` beside the adapter)."""
+    """A lexical-unit fine-tuning run (saved as ``training.json`` beside the adapter): a LoRA
+    adapter on the top ``top_layers`` layers of ``model``, applied at placeholder columns only."""
 
     model: str
     train: str
@@ -136,14 +137,21 @@ class LUDConfig:
     name: str = "en-conll03-lud"
     formats: list[str] = field(default_factory=lambda: list(FORMATS))
     unit_size: int = 4
-    threshold: float = 0.9
     placeholder: str = "<empty_output>"
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lr: float = 5e-4
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lr: float = 1e-3
+    warmup_steps: int = 30
+    epochs: float = 1.0
+    #: Train only the top N decoder layers (None: all); the frozen layers below run once per row.
+    top_layers: int | None = 15
     batch_tokens: int = 2048
     max_steps: int | None = None
     max_minutes: float | None = None
+    checkpoint_minutes: float = 10.0
     limit: int | None = None
     seed: int = 0
     device: str = "cpu"
+    #: "auto": float32 on the CPU, bfloat16 on a GPU.
+    dtype: str = "auto"
+    resume: bool = False

@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from general_decoding.tree_attention import PackedTree, collate_trees
+from general_decoding.tree_attention import collate_parent_trees
 from training.batching import group_by_length
 
 #: The linear layers of a decoder block that LoRA adapts (Llama and Gemma 3 names).
@@ -59,7 +59,11 @@ def layer_range(lm: PreTrainedModel, start: int, stop: int) -> Iterator[None]:
         decoder.layers, decoder.norm = layers, norm
 
 
-def _fingerprint(lm: PreTrainedModel, trees: Sequence[PackedTree], frozen: int) -> str:
+#: A training row as a general tree: its token ids and each token's parent (-1 for the first).
+ParentTree = tuple[list[int], list[int]]
+
+
+def _fingerprint(lm: PreTrainedModel, trees: Sequence[ParentTree], frozen: int) -> str:
     """What the frozen layers' output depends on: the model's frozen weights (a sample of each)
     and the rows."""
     digest = hashlib.sha256(f"{lm.config.model_type}:{lm.config.hidden_size}:{frozen}".encode())
@@ -67,8 +71,8 @@ def _fingerprint(lm: PreTrainedModel, trees: Sequence[PackedTree], frozen: int) 
     for module in [decoder.embed_tokens, *list(decoder.layers)[:frozen]]:
         for parameter in module.parameters():
             digest.update(parameter.detach().float().flatten()[:64].numpy().tobytes())
-    for tree in trees:
-        digest.update(np.asarray(tree.input_ids + tree.position_ids + tree.branch_of, dtype=np.int64).tobytes())
+    for ids, parents in trees:
+        digest.update(np.asarray(ids + parents, dtype=np.int64).tobytes())
     return digest.hexdigest()
 
 
@@ -82,11 +86,11 @@ class FrozenHidden:
     hidden: torch.Tensor
 
     @classmethod
-    def build(cls, lm: PreTrainedModel, trees: Sequence[PackedTree], frozen: int, folder: Path, pad_token_id: int,
+    def build(cls, lm: PreTrainedModel, trees: Sequence[ParentTree], frozen: int, folder: Path, pad_token_id: int,
               batch_tokens: int = 4096) -> "FrozenHidden":
         """Compute (or read back) the output of ``lm``'s first ``frozen`` layers for ``trees``;
         an interrupted computation continues where it stopped."""
-        lengths = [len(tree) for tree in trees]
+        lengths = [len(ids) for ids, _ in trees]
         offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         width = lm.config.hidden_size
         folder.mkdir(parents=True, exist_ok=True)
@@ -110,7 +114,7 @@ class FrozenHidden:
                 done += len(batch)
                 if done <= meta["done"]:
                     continue
-                ids, positions, mask = collate_trees([trees[i] for i in batch], pad_token_id, dtype=dtype)
+                ids, positions, mask = collate_parent_trees([trees[i] for i in batch], pad_token_id, dtype=dtype)
                 with torch.no_grad(), layer_range(lm, 0, frozen):
                     out = lm.get_decoder()(input_ids=ids.to(device), attention_mask=mask.to(device),
                                            position_ids=positions.to(device)).last_hidden_state.float().cpu()

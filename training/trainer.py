@@ -9,8 +9,6 @@ every few minutes, and ``resume`` that continues a killed run exactly.
 from __future__ import annotations
 
 import json
-import logging
-import math
 import random
 import time
 from dataclasses import asdict
@@ -21,9 +19,8 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from general_decoding.kept_vocabulary import KeptVocabulary
-from training.batching import length_batches
-from training.checkpoints import CheckpointClock, load_checkpoint, save_checkpoint
-from training.loss import answer_loss, inner_model, optimizer_step
+from training.loop import LoopSettings, run_loop
+from training.loss import answer_loss, inner_model
 from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indices
 from ner_service.engine import NEREngine, NERModel, NERModelConfig
 from ner_service.engine.chunking import mostly_single_sentences
@@ -33,7 +30,6 @@ from training.evaluate import evaluate_engine
 from training.configs import QUERY_KINDS, TrainConfig
 from training.examples import build_row
 
-log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -119,67 +115,24 @@ def train(config: TrainConfig) -> dict:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     vocabulary = KeptVocabulary.of((t for r in rows for t in r.tree.input_ids), tokenizer) if config.kept_vocabulary else None
     lengths = [len(r.tree) for r in rows]
-    steps_per_epoch = len(length_batches(lengths, config.batch_tokens, config.seed))
-    total_steps = config.max_steps or max(1, math.ceil(steps_per_epoch * config.epochs))
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=0.0)
-    warmup = min(config.warmup_steps, max(1, total_steps // 10))
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    folder = output / "checkpoint"
-    state = {"step": 0, "tokens": 0, "seconds": 0.0, "evaluated_at": 0, "history": []}
-    if config.resume:
-        state = load_checkpoint(folder, model, optimizer, scheduler) or state
-        log.info("resuming at step %d", state["step"])
-    frozen = None
+    settings = LoopSettings(lr=config.lr, batch_tokens=config.batch_tokens, seed=config.seed, checkpoint_folder=output / "checkpoint",
+                            epochs=config.epochs, warmup_steps=config.warmup_steps, max_steps=config.max_steps,
+                            max_minutes=config.max_minutes, checkpoint_minutes=config.checkpoint_minutes, resume=config.resume)
+    frozen, setup_seconds = None, 0.0
     if first_layer > 0:
         began = time.perf_counter()
-        frozen = FrozenHidden.build(inner_model(model), [r.tree for r in rows], first_layer, folder / "frozen", pad, config.batch_tokens)
-        state["seconds"] += time.perf_counter() - began
-    clock = CheckpointClock(config.checkpoint_minutes)
-    bar = tqdm(total=total_steps, initial=state["step"], desc="train", unit="step")
+        trees = [r.tree.parent_tree() for r in rows]
+        frozen = FrozenHidden.build(inner_model(model), trees, first_layer, settings.checkpoint_folder / "frozen", pad, config.batch_tokens)
+        setup_seconds = time.perf_counter() - began
 
-    def finished() -> bool:
-        out_of_time = config.max_minutes is not None and state["seconds"] >= 60 * config.max_minutes
-        return state["step"] >= total_steps or out_of_time
+    def batch_loss(batch: list[int]) -> torch.Tensor:
+        hidden = frozen.padded(batch) if frozen is not None else None
+        return answer_loss(model, [rows[i] for i in batch], pad, hidden, first_layer, vocabulary)
 
-    def evaluate_if_due() -> None:
-        """Score dev at the end of each epoch and of the run (once per step reached)."""
-        epoch_ended = state["step"] // steps_per_epoch > state["evaluated_at"] // steps_per_epoch
-        if dev_examples and state["step"] != state["evaluated_at"] and (epoch_ended or finished()):
-            scores = evaluate_during_training(model, tokenizer, config, ner_config, dev_examples)
-            state["history"].append({"epoch": round(state["step"] / steps_per_epoch, 2), "step": state["step"],
-                                     "train_seconds": round(state["seconds"], 1), **scores})
-            tqdm.write(f"epoch {state['history'][-1]['epoch']} dev: {json.dumps(scores)}")
-            state["evaluated_at"] = state["step"]
+    def evaluate() -> dict:
+        return evaluate_during_training(model, tokenizer, config, ner_config, dev_examples)
 
-    while not finished():
-        epoch = state["step"] // steps_per_epoch
-        for batch in length_batches(lengths, config.batch_tokens, config.seed + epoch)[state["step"] - epoch * steps_per_epoch:]:
-            began = time.perf_counter()
-            hidden = frozen.padded(batch) if frozen is not None else None
-            loss = answer_loss(model, [rows[i] for i in batch], pad, hidden, first_layer, vocabulary)
-            optimizer_step(loss, trainable, optimizer, scheduler)
-            state["step"] += 1
-            state["tokens"] += sum(lengths[i] for i in batch)
-            state["seconds"] += time.perf_counter() - began
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{state['tokens'] / state['seconds']:.0f}")
-            if clock.due():
-                save_checkpoint(folder, model, optimizer, scheduler, state)
-                clock.reset()
-            if finished():
-                break
-        evaluate_if_due()
-        save_checkpoint(folder, model, optimizer, scheduler, state)
-        clock.reset()
-    evaluate_if_due()
-    bar.close()
+    state = run_loop(model, lengths, batch_loss, settings, evaluate if dev_examples else None, setup_seconds)
     if vocabulary is not None:
         output.mkdir(parents=True, exist_ok=True)
         vocabulary.save(output)

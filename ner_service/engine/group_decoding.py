@@ -76,6 +76,7 @@ def decode_groups(
 
 
 def count_generation(stats: ExtractionStats, generation: Generation) -> None:
-    """Add a generation's forwards and emitted tokens to ``stats``."""
+    """Add a generation's forwards, emitted tokens and unfinished answers to ``stats``."""
     stats.forward_passes += generation.forward_passes
     stats.generated_tokens += sum(len(t) for t in generation.tokens)
+    stats.unfinished_answers += sum(not stopped for stopped in generation.stopped)

@@ -10,6 +10,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ner_service.engine.model_loading import ModelNotFoundError, load_causal_lm
@@ -74,6 +75,11 @@ def shipped_model_names() -> list[str]:
     return sorted(p.parent.name for p in SHIPPED_DIR.glob(f"*/{CONFIG_FILE}"))
 
 
+def shipped_models_that(can: Callable[[NERModelConfig], bool]) -> list[str]:
+    """Names of the shipped models whose config passes ``can`` (which models run a given decoder or strategy)."""
+    return [name for name in shipped_model_names() if can(NERModelConfig.read(SHIPPED_DIR / name))]
+
+
 def _base_language(language: str) -> str:
     """``"zh"`` of ``"zh-CN"``, ``"zh_Hans"`` or ``" ZH "``."""
     return language.strip().lower().replace("_", "-").split("-")[0]
@@ -120,7 +126,8 @@ class NERModel:
 
     @classmethod
     def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | None = None, device: str = "cpu") -> "NERModel":
-        """Load by shipped name or folder (``dtype`` None: float32); a LoRA adapter is merged into its base for speed."""
+        """Load by shipped name or folder (``dtype`` None: float32); a LoRA adapter is merged into its
+        base for speed, except a lexical-unit one (:mod:`general_decoding.lexical_units`)."""
         folder = resolve_ner_model(name_or_path)
         config = NERModelConfig.read(folder)
         if config.base == SELF_CONTAINED:
@@ -130,10 +137,17 @@ class NERModel:
 
             from peft import PeftModel
 
+            from general_decoding.lexical_units import restrict_adapter_to_placeholders
+
             base, tokenizer = load_base(config.base, dtype, device)
             with warnings.catch_warnings():  # peft asks transformers for an attribute it deprecated; nothing to act on here
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-                model = PeftModel.from_pretrained(base, folder).merge_and_unload().eval()
+                adapted = PeftModel.from_pretrained(base, folder)
+            if config.lud_placeholder is None:
+                model = adapted.merge_and_unload().eval()
+            else:  # a lexical-unit adapter stays unmerged: it applies at placeholder columns only
+                model = adapted.get_base_model().eval()
+                restrict_adapter_to_placeholders(model, tokenizer.convert_tokens_to_ids(config.lud_placeholder))
         if config.eos_token and tokenizer.eos_token != config.eos_token:
             # tokenizer versions disagree on a GGUF's end token: answers end with the one trained on
             log.warning("end token %r of the base tokenizer replaced by %r, as trained", tokenizer.eos_token, config.eos_token)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from general_decoding import UnknownDecoderError, available_decoders
 from ner_service.engine.defaults import DEFAULT_DECODER, DEFAULT_STRATEGY
-from ner_service.engine.ner_model import NERModelConfig
+from ner_service.engine.ner_model import NERModelConfig, shipped_models_that
 from ner_service.engine.strategies import UnknownStrategyError, available_strategies, strategy_class
 
 #: Decoders that need more than a name (a loaded draft model): the engine's callers cannot pick them.
@@ -99,7 +99,9 @@ def decoder_unsupported_reason(name: str, config: NERModelConfig) -> str | None:
     if name in CONFIGURED_ONLY:
         return CONFIGURED_ONLY[name]
     if name == "lud" and config.lud_placeholder is None:
-        return "it is not fine-tuned for lexical units (`padellm-ner train-lud`)"
+        fine_tuned = shipped_models_that(lambda c: c.lud_placeholder is not None)
+        return (f"it is not fine-tuned for lexical units; the shipped models that are: {', '.join(fine_tuned) or 'none'} "
+                "(`padellm-ner train --recipe en-conll03-lud` builds one)")
     return None
 
 

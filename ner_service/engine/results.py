@@ -20,6 +20,8 @@ class ExtractionStats:
 
     forward_passes: int = 0
     generated_tokens: int = 0
+    #: Answers that ran to their token limit instead of ending with the end token.
+    unfinished_answers: int = 0
     unmatched_mentions: int = 0
     latency_ms: float = 0.0
     batch_texts: int = 0

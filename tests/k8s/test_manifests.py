@@ -306,7 +306,9 @@ def test_image_runs_as_non_root_and_defaults_to_the_api(rendered):
     assert user.split(":")[0] not in {"0", "root"}
     (cmd,) = [json.loads(line.removeprefix("CMD ")) for line in runtime if line.startswith("CMD ")]
     assert cmd == command(container(rendered["prod"], "api"))
-    assert any("COPY alembic.ini" in line for line in runtime) and any("NEREngine.load" in line for line in runtime)
+    assert any("COPY alembic.ini" in line for line in runtime)
+    # The wheels' bases are converted in the runtime stage, so their cache keys hold at run time.
+    assert any(line.startswith("RUN ") and "resolve_model_folder" in line and "WHEEL_BASES" in line for line in runtime)
     ignored = set((REPO / ".dockerignore").read_text().split())
     assert {".git", ".venv", "runs/"} <= ignored
 

@@ -14,7 +14,7 @@ from general_decoding import Decoder
 from general_decoding.diffusion import BlockDiffusionSampler, fast_dllm_sampler
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window
-from ner_service.engine.ner_model import NERModelConfig
+from ner_service.engine.ner_model import NERModelConfig, shipped_models_that
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.spans import Mention
 from ner_service.engine.strategies import register_strategy
@@ -35,8 +35,9 @@ class FastDLLM(Strategy):
     @classmethod
     def unsupported_reason(cls, config: NERModelConfig) -> str | None:
         if config.mask_token is None:
-            return (f"model {config.name!r} is not a masked-diffusion model (no mask token); strategy 'fast_dllm' needs one "
-                    "(train it with `padellm-ner train-diffusion`)")
+            diffusion = shipped_models_that(lambda c: c.mask_token is not None)
+            return (f"model {config.name!r} is not a masked-diffusion model (no mask token); strategy 'fast_dllm' needs one: "
+                    f"the shipped ones: {', '.join(diffusion) or 'none'} (`padellm-ner train --recipe en-conll03-diffusion` builds one)")
         return None
 
     def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
