@@ -14,7 +14,7 @@ from typing import Any
 #: Modules that add sub-commands: each defines ``register(subparsers)``, whose ``add_parser``
 #: takes ``options=``, a function adding the sub-command's options when it is called (:class:`CommandParser`).
 COMMAND_MODULES: list[str] = [
-    "pipeline.cli", "padellm_ner.serve", "training.train_cli", "training.diffusion_cli", "training.char_cli", "training.lud_cli",
+    "pipeline.cli", "padellm_ner.serve", "training.train_cli", "training.diffusion_cli", "training.lud_cli",
 ]
 
 

@@ -56,20 +56,22 @@ def test_recipes_train_in_float32_on_the_cpu(small_data: Path, tmp_path: Path) -
 
 
 def test_stages_continue_from_the_previous_stage(small_data: Path, tmp_path: Path) -> None:
-    run = RecipeRun(small_data, tmp_path / "zh-weibo", device="cuda", max_steps=3)
-    first, second, third, fourth = stage_configs(load_recipe("zh-weibo"), run)
-    assert first.init is None and second.init == first.output and third.init == second.output and fourth.init == third.output
-    assert first.output == str(tmp_path / "zh-weibo-stage1") and fourth.output == str(tmp_path / "zh-weibo")
-    assert {first.device, fourth.device} == {"cuda"} and {first.max_steps, second.max_steps, fourth.max_steps} == {3}
-    assert first.dev == str(small_data / "resume" / "dev.txt") and second.dev is None
-    assert fourth.train == str(small_data / "weibo" / "train.txt")
+    path = tmp_path / "two.toml"
+    path.write_text('name = "two"\ndescription = "an NER model, then its LUD adapter"\ndevice = "cpu"\n'
+                    '[[stages]]\ntrainer = "lm"\ntrain = "conll2003/train.txt"\ndev = "conll2003/dev.txt"\n'
+                    '[stages.settings]\nbase = "smollm2-135m-instruct"\n'
+                    '[[stages]]\ntrainer = "lud"\ntrain = "conll2003/train.txt"\ncontinues = true\n')
+    first, second = stage_configs(load_recipe(path), RecipeRun(small_data, tmp_path / "two", device="cuda", max_steps=3))
+    assert second.model == first.output == str(tmp_path / "two-stage1") and second.output == str(tmp_path / "two")
+    assert {first.device, second.device} == {"cuda"} and {first.max_steps, second.max_steps} == {3}
+    assert first.dev == str(small_data / "conll2003" / "dev.txt") and second.train == str(small_data / "conll2003" / "train.txt")
 
 
 @pytest.mark.parametrize("text, problem", [
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\nlora_rank = 8\n', "no setting lora_rank"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\nlora_r = "big"\n', "lora_r"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\ndevice = "cuda"\n', "no setting device"),
-    ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "char"\ntrain = "a.txt"\ncontinues = true\n', "no previous stage"),
+    ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\ncontinues = true\n', "no previous stage"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "bpe"\ntrain = "a.txt"\n', "stages.0.trainer"),
     ('name = "x"\ndescription = "x"\nstages = []\n', "stages"),
     ('name = "x"\ndescription = "x"\ngpu = true\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n', "gpu"),

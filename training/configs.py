@@ -60,29 +60,6 @@ class TrainConfig:
 
 
 @dataclass
-class CharConfig:
-    """A character-model training run (``init``: a char model folder or shipped name to continue,
-    its vocabulary extended to the new texts' characters; None: a random model)."""
-
-    train: str
-    output: str
-    name: str
-    dev: str | None = None
-    language: str = "zh"
-    chinese_labels: bool = False
-    init: str | None = None
-    epochs: float = 1.0
-    max_steps: int | None = None
-    max_minutes: float | None = None
-    lr: float = 2e-3
-    batch_tokens: int = 4096
-    eval_limit: int | None = 200
-    limit: int | None = None
-    seed: int = 0
-    device: str = "cpu"
-
-
-@dataclass
 class TinyConfig:
     """A tiny-model training run: a new tokenizer and 2-layer Llama, ``max_steps`` full steps."""
 

@@ -22,7 +22,6 @@ class SpanTries:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], eos: int, max_units: int) -> None:
         self.tokenizer, self.texts, self.eos, self.max_units = tokenizer, list(texts), eos, max_units
-        self._by_character = one_token_per_character(tokenizer)
         self._tries: dict[int, TokenTrie] = {}
 
     def __getitem__(self, index: int) -> TokenTrie:
@@ -32,30 +31,7 @@ class SpanTries:
 
     def _build(self, text: str) -> TokenTrie:
         units = [m.span() for m in UNIT.finditer(text)]
-        whole = prompts.mention_answer(text)
-        lead = len(whole) - len(text)
-        if self._by_character:
-            ids = self.tokenizer(whole, add_special_tokens=False).input_ids
-            if len(ids) == len(whole):  # every span's answer is a slice of the whole: one path per start
-                trie = TokenTrie()
-                for i, (start, _) in enumerate(units):
-                    node = trie
-                    for token in ids[:lead]:
-                        node = node.child(token)
-                    at = lead + start
-                    for _, end in units[i:i + self.max_units]:
-                        for token in ids[at:lead + end]:
-                            node = node.child(token)
-                        at = lead + end
-                        node.child(self.eos)
-                return trie
         spans = sorted({text[start:end] for i, (start, _) in enumerate(units) for _, end in units[i:i + self.max_units]})
         answers = self.tokenizer([prompts.mention_answer(span) for span in spans], add_special_tokens=False).input_ids if spans else []
         return TokenTrie(answer + [self.eos] for answer in answers)
 
-
-def one_token_per_character(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether ``tokenizer`` maps every character to one token whatever surrounds it: a
-    word-level vocabulary over single characters (``training.char_model``)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    return backend is not None and type(backend.model).__name__ == "WordLevel" and len(backend.encode("a b.", add_special_tokens=False).ids) == 4

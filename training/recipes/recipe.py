@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from training.recipes.trainers import TRAINERS
 
 RECIPES_DIR = Path(__file__).parent
-TrainerName = Literal["lm", "char", "tiny", "diffusion", "lud"]
+TrainerName = Literal["lm", "tiny", "diffusion", "lud"]
 
 
 class RecipeError(ValueError):

@@ -54,7 +54,6 @@ class StageTrainer:
 
 TRAINERS: dict[str, StageTrainer] = {
     "lm": StageTrainer("training.configs:TrainConfig", "training.trainer:train", "base"),
-    "char": StageTrainer("training.configs:CharConfig", "training.char_model:train_char_model", "init"),
     "tiny": StageTrainer("training.configs:TinyConfig", "training.tiny_model:train_tiny_model", None),
     "diffusion": StageTrainer("training.configs:DiffusionConfig", "training.diffusion:train_diffusion", "init"),
     "lud": StageTrainer("training.configs:LUDConfig", "training.lexical_units:train_lud", "model"),
