@@ -246,26 +246,46 @@ def read_corpus(path: str | Path) -> list[Example]:
     return read_jsonl(path) if path.suffix in {".jsonl", ".json"} else read_conll(path)
 
 
-def read_conll_documents(path: str | Path, separator: str = "\n") -> list[Example]:
-    """The documents of a column file (one per ``-DOCSTART-`` section, or the whole file when it
-    has none) as examples: their sentences (as :func:`read_conll` reads them) joined by
-    ``separator``, the spans moved to their place in the document."""
-    sentences = read_conll(path)
-    sizes: list[int] = []
-    in_sentence = False
-    for line in text_of(Path(path)).split("\n"):
+@dataclass(frozen=True)
+class ColumnDocuments:
+    """How a column file's sentences group into documents: per document (one per ``-DOCSTART-``
+    section, or the whole file when it has none), the line (1-based) each sentence starts at."""
+
+    has_docstart: bool
+    sentence_lines: list[list[int]]
+
+
+def column_documents(path: str | Path) -> ColumnDocuments:
+    """The documents of a column file; a ``-DOCSTART-`` line inside a sentence (no blank line
+    before it) is a :class:`DataFormatError`."""
+    path = Path(path)
+    documents: list[list[int]] = []
+    in_sentence, has_docstart = False, False
+    for number, line in enumerate(text_of(path).split("\n"), start=1):
         fields = line.split()
         if fields and fields[0] == DOCSTART:
-            sizes.append(0)
+            if in_sentence:
+                raise DataFormatError(path, number, f"{DOCSTART} inside a sentence (expected a blank line before it)")
+            has_docstart = True
+            documents.append([])
         elif fields and not in_sentence:
-            if not sizes:
-                sizes.append(0)
-            sizes[-1] += 1
-        in_sentence = bool(fields) and fields[0] != DOCSTART
+            if not documents:
+                documents.append([])
+            documents[-1].append(number)
+            in_sentence = True
+        elif not fields:
+            in_sentence = False
+    return ColumnDocuments(has_docstart, [d for d in documents if d])
+
+
+def read_conll_documents(path: str | Path, separator: str = "\n") -> list[Example]:
+    """The documents of a column file (:func:`column_documents`) as examples: their sentences (as
+    :func:`read_conll` reads them) joined by ``separator``, the spans moved to their place in the document."""
+    sentences = read_conll(path)
     documents, position = [], 0
-    for size in (s for s in sizes if s):
-        documents.append(joined(sentences[position:position + size], separator))
-        position += size
+    for lines in column_documents(path).sentence_lines:
+        documents.append(joined(sentences[position:position + len(lines)], separator))
+        position += len(lines)
     return documents
 
 

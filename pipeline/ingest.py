@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from corpora import DOCSTART, DataFormatError, json_records, read_conll, text_of
+from corpora import DOCSTART, DataFormatError, column_documents, json_records, read_conll, text_of
 
 from pipeline.crud import NewDocument
 from pipeline.schemas import text_problem
@@ -78,30 +78,12 @@ def _conll_documents(path: Path) -> list[tuple[int, str]]:
     :func:`corpora.readers.read_conll` reads them) joined by newlines into one document per
     ``-DOCSTART-`` section (one per sentence when the file has no ``-DOCSTART-`` lines)."""
     sentences = [example.text for example in read_conll(path)]
-    starts: list[int] = []  # the first line of each document
-    sizes: list[int] = []  # sentences per document
-    in_sentence, has_docstart = False, False
-    for number, line in enumerate(_lines(path), start=1):
-        fields = line.split()
-        if fields and fields[0] == DOCSTART:
-            if in_sentence:
-                raise DataFormatError(path, number, f"{DOCSTART} inside a sentence (expected a blank line before it)")
-            has_docstart = True
-            starts.append(number)
-            sizes.append(0)
-        elif fields and not in_sentence:
-            if not sizes or not has_docstart:
-                starts.append(number)
-                sizes.append(0)
-            sizes[-1] += 1
-            in_sentence = True
-        elif not fields:
-            in_sentence = False
+    layout = column_documents(path)
+    groups = layout.sentence_lines if layout.has_docstart else [[line] for lines in layout.sentence_lines for line in lines]
     documents, position = [], 0
-    for start, size in zip(starts, sizes):
-        if size:
-            documents.append((start, "\n".join(sentences[position:position + size])))
-            position += size
+    for lines in groups:
+        documents.append((lines[0], "\n".join(sentences[position:position + len(lines)])))
+        position += len(lines)
     if position != len(sentences):
         raise DataFormatError(path, None, f"found {position} sentences in documents but {len(sentences)} in the file")
     return documents

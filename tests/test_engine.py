@@ -63,6 +63,30 @@ def test_long_text_is_windowed_with_offsets_kept(tiny_engine: NEREngine) -> None
         assert all(text[e.start:e.end] == e.text for e in result.entities)
 
 
+def test_an_ar_answer_ends_at_the_length_its_text_allows(tiny_engine: NEREngine, data_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    from corpora import read_corpus
+    from ner_service.engine import prompts
+    from ner_service.engine.ner_model import NERModel
+
+    tokenizer, config = tiny_engine.ner_model.tokenizer, tiny_engine.ner_model.config
+    names = [config.prompt_name(label) for label in config.labels]
+
+    def budget(text: str) -> int:
+        return prompts.ar_answer_budget(tokenizer, names, len(tokenizer(text, add_special_tokens=False).input_ids))
+
+    for example in read_corpus(data_dir / "conll2003" / "dev.txt")[:300]:  # every true answer fits
+        answer = prompts.ar_answer([(s.label, example.text[s.start:s.end]) for s in example.spans])
+        assert len(tokenizer(answer, add_special_tokens=False).input_ids) <= budget(example.text), example.text
+    monkeypatch.setattr(NERModel, "stop_token_ids", property(lambda self: frozenset({-1})))  # a model that never ends its answer
+    texts = ["EU rejects it .", "Peter Blackburn met John Smith in Brussels on Friday ."]
+    batched = tiny_engine.extract(texts, strategy="ar", decoder="greedy")
+    alone = [tiny_engine.extract([text], strategy="ar", decoder="greedy")[0] for text in texts]
+    for text, one in zip(texts, alone):
+        assert one.stats.generated_tokens == budget(text) < config.max_ar_tokens and one.stats.unfinished_answers == 1
+    assert [r.entities for r in batched] == [r.entities for r in alone]  # each row as if decoded alone
+    assert batched[0].stats.unfinished_answers == 2
+
+
 def test_count_bias_favours_larger_counts(tiny_engine: NEREngine) -> None:
     tokenizer = tiny_engine.ner_model.tokenizer
     one, two = tokenizer.convert_tokens_to_ids(["1", "2"])

@@ -16,7 +16,7 @@ tokenised separately and concatenated, at training and at inference alike
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,6 +71,14 @@ def ar_query() -> str:
 def ar_answer(mentions: list[tuple[str, str]]) -> str:
     """Answer to :func:`ar_query` for ``(label, mention)`` pairs in reading order."""
     return "".join(f"\n{label}: {mention}" for label, mention in mentions)
+
+
+def ar_answer_budget(tokenizer: "PreTrainedTokenizerBase", label_names: Iterable[str], text_tokens: int) -> int:
+    """The most tokens an :func:`ar_answer` over a text of ``text_tokens`` tokens can take before
+    its end token: every token a mention of its own, each on a line under the longest label (a
+    line's tokens and a leading space on the mention's); at least 1."""
+    line = max(len(tokenizer(f"\n{name}:", add_special_tokens=False).input_ids) for name in label_names)
+    return max(1, text_tokens * (line + 2))
 
 
 def parse_ar_line(line: str) -> tuple[str, str] | None:

@@ -26,10 +26,19 @@ class Autoregressive(Strategy):
     """Every window's all-entities answer, decoded as one batch."""
 
     def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
-        ids, mask = left_pad([prompts.ar_prompt_ids(self.ner_model.tokenizer, w.text) for w in windows], self.ner_model.pad_token_id)
-        stop = StopCriteria(self.ner_model.config.max_ar_tokens, self.ner_model.stop_token_ids)
+        tokenizer, config = self.ner_model.tokenizer, self.ner_model.config
+        ids, mask = left_pad([prompts.ar_prompt_ids(tokenizer, w.text) for w in windows], self.ner_model.pad_token_id)
+        # an answer that repeats itself ends at the length its text allows, not only at max_ar_tokens
+        names = [config.prompt_name(label) for label in config.labels]
+        budgets = [min(config.max_ar_tokens, prompts.ar_answer_budget(tokenizer, names, len(tokenizer(w.text, add_special_tokens=False).input_ids)))
+                   for w in windows]
+        stop = StopCriteria(max(budgets), self.ner_model.stop_token_ids)
         with stats.phase("answer"):
             out = decode_groups(self.ner_model, decoder, batches(decoder, list(range(len(windows)))), len(windows), stop,
                                 lambda rows: GroupInputs(ids[rows], mask[rows]), [], stats)
+        for row, budget in enumerate(budgets):  # each row as if decoded alone
+            if len(out.tokens[row]) > budget:
+                out.tokens[row], out.token_logprobs[row] = out.tokens[row][:budget], out.token_logprobs[row][:budget]
+                out.scores[row], out.stopped[row] = sum(out.token_logprobs[row]), False
         count_generation(stats, out)
         return [answer_mentions(self.ner_model, tokens, logprobs, labels) for tokens, logprobs in zip(out.tokens, out.token_logprobs)]
