@@ -25,7 +25,7 @@ from general_decoding.kept_vocabulary import KeptHead, KeptVocabulary  # noqa: E
 from general_decoding.kv_cache import select_rows  # noqa: E402
 from ner_service.engine import NEREngine, NERModel, prompts  # noqa: E402
 from ner_service.engine.ner_model import resolve_ner_model  # noqa: E402
-from training.evaluate import span_f1  # noqa: E402
+from training.evaluate import predict, span_f1  # noqa: E402
 
 RESUME_DEV = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "resume" / "dev.txt"
 BATCHES = (1, 16)
@@ -68,7 +68,7 @@ def main() -> None:
         model.set_output_embeddings(head)
         engine = NEREngine(whole)
         for strategy in ("padellm", "ar"):
-            entities[name, strategy] = _entities(engine, examples, strategy)
+            entities[name, strategy] = predict(engine, examples, engine.options(None, strategy, None), batch_size=16).entities
     median = {key: 1000 * statistics.median(values) for key, values in seconds.items()}
     steps = [{"batch": rows, "whole_ms": median["whole", rows], "kept_ms": median["kept", rows],
               "speedup": median["whole", rows] / median["kept", rows]} for rows in BATCHES]
@@ -89,15 +89,6 @@ def main() -> None:
         "speed-up": [s["speedup"] for s in steps],
     }, f"Kept vocabulary, {args.model}")
     print(f"wrote {path} and {png}")
-
-
-def _entities(engine: NEREngine, examples: list, strategy: str) -> list[list[tuple[int, int, str]]]:
-    """The entities the engine finds in each example, in batches of 16."""
-    options = engine.options(None, strategy, None)
-    found = []
-    for start in tqdm(range(0, len(examples), 16), desc=f"tag ({strategy})", unit="batch"):
-        found += [[(e.start, e.end, e.label) for e in r.entities] for r in engine.extract_with(options, [x.text for x in examples[start:start + 16]])]
-    return found
 
 
 if __name__ == "__main__":

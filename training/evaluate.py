@@ -6,10 +6,11 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from ner_service.engine import NEREngine
+from ner_service.engine import ExtractOptions, NEREngine
 from corpora import Example, Span
 
 SpanKey = tuple[int, int, str]
@@ -49,6 +50,35 @@ def _key(span: Span) -> SpanKey:
     return (span.start, span.end, span.label)
 
 
+@dataclass
+class Predictions:
+    """What an engine found in each example, and what it cost per batch."""
+
+    entities: list[list[SpanKey]] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)
+    forward_passes: list[int] = field(default_factory=list)
+    unmatched_mentions: int = 0
+    seconds: float = 0.0
+
+
+def predict(engine: NEREngine, examples: Sequence[Example], options: ExtractOptions, batch_size: int = 1,
+            progress: bool = True) -> Predictions:
+    """Run the engine over ``examples`` in batches of ``batch_size`` texts."""
+    out = Predictions()
+    began = time.perf_counter()
+    with tqdm(total=len(examples), desc=f"evaluate {options.strategy}/{options.decoder}", unit="text", disable=not progress) as bar:
+        for start in range(0, len(examples), batch_size):
+            batch = examples[start:start + batch_size]
+            results = engine.extract_with(options, [e.text for e in batch])
+            out.entities.extend([(e.start, e.end, e.label) for e in r.entities] for r in results)
+            out.latencies_ms.append(results[0].stats.latency_ms)  # the batch's, shared by its texts
+            out.forward_passes.append(results[0].stats.forward_passes)
+            out.unmatched_mentions += results[0].stats.unmatched_mentions
+            bar.update(len(batch))
+    out.seconds = time.perf_counter() - began
+    return out
+
+
 def evaluate_engine(
     engine: NEREngine,
     examples: Sequence[Example],
@@ -62,23 +92,10 @@ def evaluate_engine(
     ``labels``, ``strategy`` and ``decoder`` are validated by :meth:`NEREngine.options` (None: the default)."""
     options = engine.options(labels, strategy, decoder)
     wanted = set(options.labels or ())
-    predicted: list[list[SpanKey]] = []
-    latencies, forwards = [], []
-    unmatched = 0
-    bar = tqdm(total=len(examples), desc=f"evaluate {options.strategy}/{options.decoder}", unit="text", disable=not progress)
-    began = time.perf_counter()
-    for start in range(0, len(examples), batch_size):
-        batch = examples[start:start + batch_size]
-        results = engine.extract_with(options, [e.text for e in batch])
-        predicted.extend([(e.start, e.end, e.label) for e in r.entities] for r in results)
-        latencies.append(results[0].stats.latency_ms)
-        forwards.append(results[0].stats.forward_passes)
-        unmatched += results[0].stats.unmatched_mentions
-        bar.update(len(batch))
-    bar.close()
+    found = predict(engine, examples, options, batch_size, progress)
     gold = [[_key(s) for s in e.spans if s.label in wanted] for e in examples]
-    scores = span_f1(gold, predicted)
-    ordered = sorted(latencies) or [0.0]
+    scores = span_f1(gold, found.entities)
+    ordered = sorted(found.latencies_ms) or [0.0]
     return {
         **scores,
         "n_sentences": len(examples),
@@ -90,7 +107,7 @@ def evaluate_engine(
             "p50": ordered[len(ordered) // 2],
             "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
         },
-        "forward_passes_mean": statistics.fmean(forwards) if forwards else 0.0,
-        "unmatched_mentions": unmatched,
-        "seconds": time.perf_counter() - began,
+        "forward_passes_mean": statistics.fmean(found.forward_passes) if found.forward_passes else 0.0,
+        "unmatched_mentions": found.unmatched_mentions,
+        "seconds": found.seconds,
     }
