@@ -247,19 +247,28 @@ def read_corpus(path: str | Path) -> list[Example]:
 
 
 @dataclass(frozen=True)
+class ColumnDocument:
+    """One document of a column file: the line (1-based) it starts at (its ``-DOCSTART-`` line,
+    or its first sentence's) and the line each of its sentences starts at."""
+
+    first_line: int
+    sentence_lines: list[int]
+
+
+@dataclass(frozen=True)
 class ColumnDocuments:
-    """How a column file's sentences group into documents: per document (one per ``-DOCSTART-``
-    section, or the whole file when it has none), the line (1-based) each sentence starts at."""
+    """How a column file's sentences group into documents: one per ``-DOCSTART-`` section, or the
+    whole file when it has none."""
 
     has_docstart: bool
-    sentence_lines: list[list[int]]
+    documents: list[ColumnDocument]
 
 
 def column_documents(path: str | Path) -> ColumnDocuments:
     """The documents of a column file; a ``-DOCSTART-`` line inside a sentence (no blank line
     before it) is a :class:`DataFormatError`."""
     path = Path(path)
-    documents: list[list[int]] = []
+    documents: list[ColumnDocument] = []
     in_sentence, has_docstart = False, False
     for number, line in enumerate(text_of(path).split("\n"), start=1):
         fields = line.split()
@@ -267,15 +276,15 @@ def column_documents(path: str | Path) -> ColumnDocuments:
             if in_sentence:
                 raise DataFormatError(path, number, f"{DOCSTART} inside a sentence (expected a blank line before it)")
             has_docstart = True
-            documents.append([])
+            documents.append(ColumnDocument(number, []))
         elif fields and not in_sentence:
             if not documents:
-                documents.append([])
-            documents[-1].append(number)
+                documents.append(ColumnDocument(number, []))
+            documents[-1].sentence_lines.append(number)
             in_sentence = True
         elif not fields:
             in_sentence = False
-    return ColumnDocuments(has_docstart, [d for d in documents if d])
+    return ColumnDocuments(has_docstart, [d for d in documents if d.sentence_lines])
 
 
 def read_conll_documents(path: str | Path, separator: str = "\n") -> list[Example]:
@@ -283,9 +292,9 @@ def read_conll_documents(path: str | Path, separator: str = "\n") -> list[Exampl
     :func:`read_conll` reads them) joined by ``separator``, the spans moved to their place in the document."""
     sentences = read_conll(path)
     documents, position = [], 0
-    for lines in column_documents(path).sentence_lines:
-        documents.append(joined(sentences[position:position + len(lines)], separator))
-        position += len(lines)
+    for document in column_documents(path).documents:
+        documents.append(joined(sentences[position:position + len(document.sentence_lines)], separator))
+        position += len(document.sentence_lines)
     return documents
 
 

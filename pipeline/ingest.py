@@ -79,11 +79,12 @@ def _conll_documents(path: Path) -> list[tuple[int, str]]:
     ``-DOCSTART-`` section (one per sentence when the file has no ``-DOCSTART-`` lines)."""
     sentences = [example.text for example in read_conll(path)]
     layout = column_documents(path)
-    groups = layout.sentence_lines if layout.has_docstart else [[line] for lines in layout.sentence_lines for line in lines]
+    groups = ([(d.first_line, len(d.sentence_lines)) for d in layout.documents] if layout.has_docstart
+              else [(line, 1) for d in layout.documents for line in d.sentence_lines])
     documents, position = [], 0
-    for lines in groups:
-        documents.append((lines[0], "\n".join(sentences[position:position + len(lines)])))
-        position += len(lines)
+    for first_line, size in groups:
+        documents.append((first_line, "\n".join(sentences[position:position + size])))
+        position += size
     if position != len(sentences):
         raise DataFormatError(path, None, f"found {position} sentences in documents but {len(sentences)} in the file")
     return documents
