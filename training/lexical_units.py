@@ -38,7 +38,7 @@ from training.examples import IGNORE, TrainingRow, build_row
 from training.loop import LoopSettings, run_loop
 from training.loss import packed_loss
 from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indices
-from training.trainer import DTYPES, resolved_dtype
+from training.trainer import DTYPES, resolved_dtype, save_adapter
 
 
 @dataclass(frozen=True)
@@ -130,12 +130,7 @@ def train_lud(config: LUDConfig) -> dict:
 
     state = run_loop(model, [len(r.input_ids) for r in rows], batch_loss, settings, setup_seconds=setup_seconds, description="train-lud")
 
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            parameter.data = parameter.data.to(torch.float16)
-    for adapter in model.peft_config.values():
-        adapter.base_model_name_or_path = config.model
-    model.save_pretrained(output, save_embedding_layers=False)
+    save_adapter(model, config.model, output)
     ner_config = ner.config
     ner_config.name, ner_config.base, ner_config.metrics = config.name, config.model, {}
     ner_config.lud_placeholder, ner_config.lud_unit_size = config.placeholder, config.unit_size

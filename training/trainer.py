@@ -150,14 +150,7 @@ def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, confi
         inner_model(model).save_pretrained(output)
         tokenizer.save_pretrained(output)
     else:
-        for parameter in model.parameters():
-            if parameter.requires_grad:
-                parameter.data = parameter.data.to(torch.float16)
-        for adapter in model.peft_config.values():
-            adapter.base_model_name_or_path = config.base
-        # training keeps the base's vocabulary: no embeddings to save, and no look-up of the base's
-        # config.json (by the name as given, which peft would try on the Hugging Face Hub)
-        model.save_pretrained(output, save_embedding_layers=False)
+        save_adapter(model, config.base, output)
     ner_config.metrics = {"dev_during_training": state["history"][-1] if state["history"] else None}
     ner_config.write(output)
     summary = {"config": asdict(config), "steps": state["step"], "tokens": state["tokens"], "train_seconds": round(state["seconds"], 1),
@@ -165,6 +158,19 @@ def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, confi
     (output / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (output / "README.md").write_text(model_card(config, ner_config.labels, summary), encoding="utf-8")  # in place of peft's empty template
     return summary
+
+
+def save_adapter(model: torch.nn.Module, base: str, output: Path) -> None:
+    """Write a peft model's trained adapter to ``output`` in fp16, naming ``base`` as given (an
+    alias, a shipped name or a path), never the folder it resolved to on this machine."""
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            parameter.data = parameter.data.to(torch.float16)
+    for adapter in model.peft_config.values():
+        adapter.base_model_name_or_path = base
+    # training keeps the base's vocabulary: no embeddings to save, and no look-up of the base's
+    # config.json (by the name as given, which peft would try on the Hugging Face Hub)
+    model.save_pretrained(output, save_embedding_layers=False)
 
 
 def model_card(config: TrainConfig, labels: list[str], summary: dict) -> str:
