@@ -67,11 +67,24 @@ def test_stages_continue_from_the_previous_stage(small_data: Path, tmp_path: Pat
     assert first.dev == str(small_data / "conll2003" / "dev.txt") and second.train == str(small_data / "conll2003" / "train.txt")
 
 
+def test_a_stage_can_train_the_previous_stages_adapter_further(small_data: Path, tmp_path: Path) -> None:
+    path = tmp_path / "longer.toml"
+    settings = '[stages.settings]\nbase = "smollm2-135m-instruct"\nlora_r = 8\n'
+    path.write_text('name = "longer"\ndescription = "an NER model, then more epochs of its adapter"\n'
+                    f'[[stages]]\ntrainer = "lm"\ntrain = "conll2003/train.txt"\n{settings}'
+                    f'[[stages]]\ntrainer = "lm"\ntrain = "conll2003/train.txt"\ncontinues = "adapter"\n{settings}')
+    first, second = stage_configs(load_recipe(path), RecipeRun(small_data, tmp_path / "longer"))
+    assert second.init_adapter == first.output and second.base == first.base == "smollm2-135m-instruct"
+    assert first.init_adapter is None
+
+
 @pytest.mark.parametrize("text, problem", [
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\nlora_rank = 8\n', "no setting lora_rank"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\nlora_r = "big"\n', "lora_r"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\ndevice = "cuda"\n', "no setting device"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\ncontinues = true\n', "no previous stage"),
+    ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[[stages]]\ntrainer = "lud"\ntrain = "a.txt"\n'
+     'continues = "adapter"\n', "cannot train a previous stage's adapter further"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "bpe"\ntrain = "a.txt"\n', "stages.0.trainer"),
     ('name = "x"\ndescription = "x"\nstages = []\n', "stages"),
     ('name = "x"\ndescription = "x"\ngpu = true\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n', "gpu"),

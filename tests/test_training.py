@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from ner_service.engine import prompts
 from corpora import Example, Span
 from training.examples import IGNORE, build_row, query_answers
 from training.loss import answer_loss
-from training.trainer import TrainConfig, train
+from training.trainer import TrainConfig, prepare_model, train
 
 EXAMPLE = Example("Peter met Anna in Paris", [Span(0, 5, "PER"), Span(10, 14, "PER"), Span(18, 23, "LOC")])
 
@@ -94,6 +96,29 @@ def test_lora_training_saves_a_small_adapter(tmp_path: Path, tiny_engine) -> Non
     engine = NEREngine.load(tmp_path / "lora")
     assert engine.labels == ["LOC", "PER"]
     assert engine.extract(["Peter met Anna"])[0].stats.forward_passes > 0
+
+
+def test_a_run_can_continue_a_trained_adapter_and_refuses_one_that_does_not_fit(tmp_path: Path, tiny_engine) -> None:
+    data = _jsonl(tmp_path / "train.jsonl", 4)
+    base = str(tiny_engine.ner_model.path)
+    first = TrainConfig(base=base, train=str(data), output=str(tmp_path / "first"), lora_r=4, top_layers=1, max_steps=2, batch_tokens=512)
+    train(first)
+    saved = load_file(tmp_path / "first" / "adapter_model.safetensors")
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in saved.items()), "the first run learnt nothing"
+
+    continued = replace(first, output=str(tmp_path / "second"), init_adapter=str(tmp_path / "first"))
+    model, _, _ = prepare_model(continued)
+    loaded = {k.replace(".default", ""): p.detach() for k, p in model.named_parameters() if p.requires_grad}
+    assert loaded.keys() == saved.keys()
+    assert all(torch.equal(loaded[k], saved[k].float()) for k in saved), "the run does not start from the adapter"
+
+    train(continued)
+    further = load_file(tmp_path / "second" / "adapter_model.safetensors")
+    assert further.keys() == saved.keys() and any(not torch.equal(further[k], saved[k]) for k in saved)
+    with pytest.raises(ValueError, match="LoRA rank 4 where the run has 8"):
+        prepare_model(replace(continued, lora_r=8))
+    with pytest.raises(ValueError, match=r"layers \[1\] where the run has None"):
+        prepare_model(replace(continued, top_layers=None))
 
 
 def test_loss_weights_weigh_each_query_kind(tiny_engine) -> None:

@@ -57,6 +57,9 @@ class TrainConfig:
     #: The loss's softmax spans only the tokens of the training rows and single characters
     #: (saved as ``kept_vocabulary.json``): Gemma 3's 262k-token head is most of a step otherwise.
     kept_vocabulary: bool = False
+    #: Start the LoRA from this NER model's adapter (a shipped name or a folder) instead of zeros,
+    #: to train a model further: its rank and layers must be the run's.
+    init_adapter: str | None = None
 
 
 @dataclass

@@ -14,7 +14,7 @@ DEFAULT_DATA = os.environ.get("PADELLM_DATA", "../shared/data")
 #: The flags that configure a run without a recipe (a recipe file holds these settings).
 EXPLICIT_FLAGS = ("train", "dev", "name", "language", "labels", "formats", "full", "lora_r", "lora_alpha", "lr", "epochs",
                   "max_minutes", "batch_tokens", "eval_limit", "eval_batch_size", "seed", "dtype", "base", "top_layers",
-                  "kept_vocabulary")
+                  "kept_vocabulary", "init_adapter")
 
 
 def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -31,6 +31,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, limit=args.limit,
         eval_limit=args.eval_limit, eval_batch_size=args.eval_batch_size, seed=args.seed, device=args.device or "cpu", dtype=args.dtype,
         top_layers=args.top_layers, kept_vocabulary=args.kept_vocabulary, checkpoint_minutes=args.checkpoint_minutes, resume=args.resume,
+        init_adapter=args.init_adapter,
     )
     summary = train(config)
     print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second", "history")}, indent=2))
@@ -142,6 +143,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     trainer.add_argument("--kept-vocabulary", action="store_true",
                          help="take the loss's softmax over the training rows' tokens and every single character only "
                               "(a large-vocabulary base such as gemma3-270m trains 1.7x faster); the model computes only their logits")
+    trainer.add_argument("--init-adapter", default=None, metavar="MODEL",
+                         help="start the LoRA from this NER model's adapter (shipped name or folder) to train it further; "
+                              "--lora-r and --top-layers must match it")
     trainer.add_argument("--checkpoint-minutes", type=float, default=10.0, help="minutes between checkpoints (default: %(default)s)")
     trainer.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint, exactly")
     trainer.set_defaults(func=lambda args: cmd_train(args, trainer))

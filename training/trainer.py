@@ -24,7 +24,7 @@ from training.loss import answer_loss, inner_model
 from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indices
 from ner_service.engine import NEREngine, NERModel, NERModelConfig
 from ner_service.engine.chunking import mostly_single_sentences
-from ner_service.engine.ner_model import SELF_CONTAINED, load_base
+from ner_service.engine.ner_model import SELF_CONTAINED, load_base, resolve_ner_model
 from corpora import Example, check_labels, read_corpus
 from training.evaluate import evaluate_engine
 from training.configs import QUERY_KINDS, TrainConfig
@@ -61,6 +61,8 @@ def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedToken
             for index in trained:
                 model.get_decoder().layers[index].requires_grad_(True)
             model.get_decoder().norm.requires_grad_(True)
+    elif config.init_adapter:
+        model = _continued_adapter(model, config, trained)
     else:
         from peft import LoraConfig, get_peft_model
 
@@ -70,6 +72,22 @@ def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedToken
         model = get_peft_model(model, lora)
     model.train()
     return model, tokenizer, trained[0]
+
+
+def _continued_adapter(model: torch.nn.Module, config: TrainConfig, trained: list[int]) -> torch.nn.Module:
+    """``model`` with the adapter of the NER model ``config.init_adapter``, trainable: a model
+    trained further stays one adapter on its base, its layers and rank unchanged."""
+    from peft import PeftConfig, PeftModel
+
+    folder = resolve_ner_model(config.init_adapter)
+    adapter = PeftConfig.from_pretrained(str(folder))
+    ner_base = NERModelConfig.read(folder).base
+    checks = (("base", ner_base, config.base), ("LoRA rank", adapter.r, config.lora_r), ("LoRA alpha", adapter.lora_alpha, config.lora_alpha),
+              ("layers", adapter.layers_to_transform, None if config.top_layers is None else trained))
+    mismatches = [f"{what} {theirs} where the run has {ours}" for what, theirs, ours in checks if theirs != ours]
+    if mismatches:
+        raise ValueError(f"--init-adapter {config.init_adapter}: its adapter has " + "; ".join(mismatches))
+    return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
 
 
 def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTokenizerBase, sentence_windows: bool) -> NERModelConfig:

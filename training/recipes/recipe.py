@@ -3,7 +3,8 @@
 A recipe is one or more stages; a stage names its trainer, its data (paths relative to a data
 folder, the dev file only scored, never trained on) and the trainer's settings, checked against
 that trainer's config before anything runs. A stage with ``continues = true`` starts from the
-previous stage's result.
+previous stage's result; an ``lm`` stage with ``continues = "adapter"`` trains that result's adapter
+further (more epochs of one model, one adapter in the end).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class Stage(BaseModel):
     trainer: TrainerName
     train: str = Field(description="training corpus, relative to the data folder")
     dev: str | None = Field(default=None, description="dev corpus scored during training (never trained on)")
-    continues: bool = Field(default=False, description="start from the previous stage's result")
+    continues: bool | Literal["adapter"] = Field(
+        default=False, description="true: start from the previous stage's result; \"adapter\": train its adapter further")
     settings: dict[str, object] = Field(default_factory=dict, description="the trainer's config fields")
 
     @model_validator(mode="after")
@@ -43,8 +45,10 @@ class Stage(BaseModel):
         if unknown:
             raise ValueError(f"trainer {self.trainer!r} has no setting {', '.join(unknown)} (it has: {', '.join(sorted(allowed))})")
         trainer.validate(self.settings)
-        if self.continues and trainer.continues_field is None:
+        if self.continues is True and trainer.continues_field is None:
             raise ValueError(f"trainer {self.trainer!r} cannot continue a previous stage")
+        if self.continues == "adapter" and trainer.adapter_field is None:
+            raise ValueError(f"trainer {self.trainer!r} cannot train a previous stage's adapter further")
         return self
 
 

@@ -19,11 +19,13 @@ def _imported(target: str) -> Any:
 @dataclass(frozen=True)
 class StageTrainer:
     """A trainer: its config dataclass and entry point (``module:name``), and the config field
-    that takes the previous stage's result (None: it cannot continue one)."""
+    that takes the previous stage's result (None: it cannot continue one), and the one that takes
+    its adapter to train further (None: it cannot)."""
 
     config_class: str
     entry: str
     continues_field: str | None
+    adapter_field: str | None = None
     #: Fields a run fills, never a recipe: where the data is, where to write, on what device.
     set_by_run: frozenset[str] = frozenset({"train", "dev", "output", "device"})
 
@@ -53,7 +55,7 @@ class StageTrainer:
 
 
 TRAINERS: dict[str, StageTrainer] = {
-    "lm": StageTrainer("training.configs:TrainConfig", "training.trainer:train", "base"),
+    "lm": StageTrainer("training.configs:TrainConfig", "training.trainer:train", "base", "init_adapter"),
     "tiny": StageTrainer("training.configs:TinyConfig", "training.tiny_model:train_tiny_model", None),
     "diffusion": StageTrainer("training.configs:DiffusionConfig", "training.diffusion:train_diffusion", "init"),
     "lud": StageTrainer("training.configs:LUDConfig", "training.lexical_units:train_lud", "model"),
