@@ -46,6 +46,17 @@ def test_chunks_respect_the_budget_and_keep_offsets() -> None:
     assert "".join(unspaced[s:e] for s, e in pieces) == unspaced and all(e - s <= 8 for s, e in pieces)
 
 
+def test_packed_windows_cut_where_sentences_end_else_between_words() -> None:
+    """Packing cuts where one-sentence windows would, never after "U.S." or inside "3.5"."""
+    text = "The U.S. Army said costs rose 3.5 percent. Officials in Washington agreed."
+    count = lambda s: len(s.split())  # noqa: E731
+    roomy = [text[s:e] for s, e in chunk_spans(text, count, 9)]
+    assert roomy == ["The U.S. Army said costs rose 3.5 percent.", "Officials in Washington agreed."]
+    tight = [text[s:e] for s, e in chunk_spans(text, count, 5)]
+    assert all(count(window) <= 5 and set(window.split()) <= set(text.split()) for window in tight)
+    assert " ".join(tight) == text
+
+
 def test_sentences_end_at_stops_but_not_after_abbreviations_initials_or_list_numbers() -> None:
     text = 'Mr. Smith went to the U.S. on Monday. He met J. Doe there! "Great," he said. 2. England 8.61\nBRUSSELS 1996-08-22'
     assert [text[s:e].strip() for s, e in sentence_spans(text)] == [

@@ -12,7 +12,6 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-SENTENCE_END = re.compile(r"(?<=[.!?。！？；;])\s*|\n+")
 SPACE = re.compile(r"\s+")
 #: Where a sentence ends: after a full stop, question or exclamation mark (and any closing quotes
 #: or brackets) followed by white space and what can start a sentence; after a Chinese one
@@ -89,8 +88,7 @@ def chunk_spans(text: str, count_tokens: Callable[[str], int], max_tokens: int, 
     if max_tokens < 1:
         raise ValueError("max_tokens must be >= 1")
     units: list[tuple[int, int]] = []
-    sentences = sentence_spans(text) if one_sentence else _pieces(text, 0, len(text), SENTENCE_END)
-    for start, end in sentences:
+    for start, end in sentence_spans(text):
         if count_tokens(text[start:end]) <= max_tokens:
             units.append((start, end))
             continue
