@@ -72,6 +72,7 @@ def run_loop(model: torch.nn.Module, lengths: Sequence[int], batch_loss: BatchLo
     state["seconds"] += setup_seconds
     clock = CheckpointClock(settings.checkpoint_minutes)
     bar = tqdm(total=total_steps, initial=state["step"], desc=description, unit="step")
+    timed_tokens, timed_seconds = 0, 0.0  # this process's steps alone: the bar's throughput
 
     def finished() -> bool:
         out_of_time = settings.max_minutes is not None and state["seconds"] >= 60 * settings.max_minutes
@@ -93,11 +94,14 @@ def run_loop(model: torch.nn.Module, lengths: Sequence[int], batch_loss: BatchLo
             began = time.perf_counter()
             loss = batch_loss(batch)
             optimizer_step(loss, trainable, optimizer, scheduler)
+            tokens, seconds = sum(lengths[i] for i in batch), time.perf_counter() - began
             state["step"] += 1
-            state["tokens"] += sum(lengths[i] for i in batch)
-            state["seconds"] += time.perf_counter() - began
+            state["tokens"] += tokens
+            state["seconds"] += seconds
+            timed_tokens += tokens
+            timed_seconds += seconds
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{state['tokens'] / state['seconds']:.0f}")
+            bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{timed_tokens / timed_seconds:.0f}")
             if clock.due():
                 save_checkpoint(folder, model, optimizer, scheduler, state)
                 clock.reset()
