@@ -45,11 +45,16 @@ class Stage(BaseModel):
         if unknown:
             raise ValueError(f"trainer {self.trainer!r} has no setting {', '.join(unknown)} (it has: {', '.join(sorted(allowed))})")
         trainer.validate(self.settings)
-        if self.continues is True and trainer.continues_field is None:
-            raise ValueError(f"trainer {self.trainer!r} cannot continue a previous stage")
-        if self.continues == "adapter" and trainer.adapter_field is None:
-            raise ValueError(f"trainer {self.trainer!r} cannot train a previous stage's adapter further")
+        if self.continues and self.continued_field is None:
+            what = "train a previous stage's adapter further" if self.continues == "adapter" else "continue a previous stage"
+            raise ValueError(f"trainer {self.trainer!r} cannot {what}")
         return self
+
+    @property
+    def continued_field(self) -> str | None:
+        """The trainer's config field that takes the previous stage's result (None: none does)."""
+        trainer = TRAINERS[self.trainer]
+        return trainer.adapter_field if self.continues == "adapter" else trainer.continues_field
 
 
 class Recipe(BaseModel):

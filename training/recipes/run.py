@@ -55,7 +55,7 @@ def stage_configs(recipe: Recipe, run: RecipeRun) -> list[Any]:
         if "name" in names:
             values.setdefault("name", recipe.name)
         if stage.continues:
-            values[trainer.adapter_field if stage.continues == "adapter" else trainer.continues_field] = str(previous)
+            values[stage.continued_field] = str(previous)
         for field_name, value in (("limit", run.limit), ("max_steps", run.max_steps), ("resume", run.resume or None)):
             if value is not None and field_name in names:
                 values[field_name] = value
