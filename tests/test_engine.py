@@ -63,6 +63,22 @@ def test_long_text_is_windowed_with_offsets_kept(tiny_engine: NEREngine) -> None
         assert all(text[e.start:e.end] == e.text for e in result.entities)
 
 
+def test_the_model_says_how_long_a_window_it_reads(tiny_engine: NEREngine) -> None:
+    from dataclasses import replace
+
+    from ner_service.engine.ner_model import NERModel
+
+    text = "London ( The Oval ) : Warwickshire 195 , Surrey 429-7 ( C. Lewis 80 not out , M. Butcher 70 , G. Kersey 63 ) ."
+    tokens = len(tiny_engine.ner_model.tokenizer(text, add_special_tokens=False).input_ids)
+    assert [w.text for w in tiny_engine.windows([text])] == [text]  # the engine's budget holds it whole
+    config = replace(tiny_engine.ner_model.config, sentence_windows=True, window_tokens=tokens // 2)
+    model = NERModel(tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer, config, tiny_engine.ner_model.path)
+    windows = NEREngine(model).windows([text])
+    assert len(windows) > 1 and all(w.text.endswith((",", ":", ")", ".")) for w in windows)
+    assert " ".join(w.text for w in windows) == text
+    assert len(NEREngine(model, max_window_tokens=tokens).windows([text])) == 1  # an engine's own budget wins
+
+
 def test_an_ar_answer_ends_at_the_length_its_text_allows(tiny_engine: NEREngine, data_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     from corpora import read_corpus
     from ner_service.engine import prompts

@@ -58,9 +58,9 @@ def test_packed_windows_cut_where_sentences_end_else_between_words() -> None:
 
 
 def test_sentences_end_at_stops_but_not_after_abbreviations_initials_or_list_numbers() -> None:
-    text = 'Mr. Smith went to the U.S. on Monday. He met J. Doe there! "Great," he said. 2. England 8.61\nBRUSSELS 1996-08-22'
+    text = 'Mr. Smith went to the U.S. on Monday. He met J. Doe there! "Great," he said. 2. England 8.61\nBRUSSELS 1996-08-22 Somerset 4 . Kent 108-3 .'
     assert [text[s:e].strip() for s, e in sentence_spans(text)] == [
-        "Mr. Smith went to the U.S. on Monday.", "He met J. Doe there!", '"Great," he said.', "2. England 8.61", "BRUSSELS 1996-08-22"]
+        "Mr. Smith went to the U.S. on Monday.", "He met J. Doe there!", '"Great," he said.', "2. England 8.61", "BRUSSELS 1996-08-22 Somerset 4 .", "Kent 108-3 ."]
     chinese = "张三毕业于北京大学。现任华为公司工程师！他说：“好。”然后走了；"
     assert [chinese[s:e] for s, e in sentence_spans(chinese)] == ["张三毕业于北京大学。", "现任华为公司工程师！", "他说：“好。”", "然后走了；"]
     assert "".join(text[s:e] for s, e in sentence_spans(text)) == text  # the spans tile the text
@@ -86,3 +86,18 @@ def test_conll_documents_join_their_sentences_and_move_the_spans(tmp_path) -> No
     assert first.text == "EU rejects Peter Blackburn" and second.text == "Paris said"
     assert [(first.text[s.start:s.end], s.label) for s in first.spans] == [("EU", "ORG"), ("Peter Blackburn", "PER")]
     assert read_conll_documents(path)[0].text == "EU rejects\nPeter Blackburn"
+
+
+def test_a_long_sentence_is_cut_into_windows_of_words_at_clause_marks() -> None:
+    """A sentence longer than the budget is read in windows of several words, not a word at a
+    time, each ending at a comma, colon or bracket where one lies in its second half."""
+    text = ("London ( The Oval ) : Warwickshire 195 , Surrey 429-7 ( C. Lewis 80 not out , M. Butcher 70 , "
+            "G. Kersey 63 ) Hove : Sussex 363 ( W. Athey 111 , V. Drakes 52 ; I. Austin 4-37 ) , Lancashire 197-8")
+    count = lambda s: len(s.split())  # noqa: E731
+    windows = [text[s:e] for s, e in chunk_spans(text, count, 16, one_sentence=True)]
+    assert windows == ["London ( The Oval ) : Warwickshire 195 ,", "Surrey 429-7 ( C. Lewis 80 not out , M. Butcher 70 ,",
+                       "G. Kersey 63 ) Hove : Sussex 363 ( W. Athey 111 ,", "V. Drakes 52 ; I. Austin 4-37 ) , Lancashire 197-8"]
+    assert all(count(w) <= 16 for w in windows) and " ".join(windows) == text
+    chinese = "1994年3月至今任北京大学教授，兼任中国科学院研究员、清华大学客座教授，曾任华为技术有限公司高级工程师"
+    assert [chinese[s:e] for s, e in chunk_spans(chinese, len, 20, one_sentence=True)] == [
+        "1994年3月至今任北京大学教授，", "兼任中国科学院研究员、清华大学客座教授，", "曾任华为技术有限公司高级工程师"]

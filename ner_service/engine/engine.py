@@ -33,20 +33,23 @@ if TYPE_CHECKING:
 #: the 25 tokens it adds to a sentence's first forward cost about what the saved forward gains
 #: (``benchmarks/padellm_vs_ar.py``: 2.53 against 2.97 forwards, 381 against 365 ms).
 SPECULATED_COUNTS = {"cuda": (1,), "cpu": ()}
+#: The longest window, in text tokens, of a model that does not say (``window_tokens``).
+MAX_WINDOW_TOKENS = 160
 
 
 class NEREngine:
     """Extract entities with a loaded :class:`NERModel`; shared by CLI, API, spaCy and workers."""
 
-    def __init__(self, ner_model: NERModel, max_window_tokens: int = 160, max_batch_texts: int = 16, count_bias: float | None = None,
+    def __init__(self, ner_model: NERModel, max_window_tokens: int | None = None, max_batch_texts: int = 16, count_bias: float | None = None,
                  repair_duplicates: bool = True, repair_unaligned: bool | None = None,
                  speculated_counts: tuple[int, ...] | None = None,
                  diffusion_sampler: "BlockDiffusionSampler | None" = None) -> None:
-        """``count_bias`` and ``repair_unaligned`` default to the model's (``ner_model.json``),
+        """``max_window_tokens``, ``count_bias`` and ``repair_unaligned`` default to the model's
+        (``ner_model.json``: ``window_tokens``, else :data:`MAX_WINDOW_TOKENS`),
         ``speculated_counts`` to the device's (:data:`SPECULATED_COUNTS`); see
         :class:`StrategyOptions` for what each setting does."""
         self.ner_model = ner_model
-        self.max_window_tokens = max_window_tokens
+        self.max_window_tokens = max_window_tokens or ner_model.config.window_tokens or MAX_WINDOW_TOKENS
         self.max_batch_texts = max_batch_texts
         self.count_bias = ner_model.config.count_bias if count_bias is None else count_bias
         self.repair_duplicates = repair_duplicates

@@ -46,6 +46,7 @@ class NERModelConfig:
     count_bias: float = 0.0  # added to a count's log-probability per unit of its first digit (PaDeLLM)
     repair_unaligned: bool = True  # PaDeLLM: re-ask a mention not in the text, restricted to its spans
     sentence_windows: bool = False  # read each sentence as a window of its own (trained on single sentences)
+    window_tokens: int | None = None  # the longest window read, in text tokens (None: the engine's); chosen on dev
     mask_token: str | None = None  # set by `train-diffusion`: the mask token of a masked-diffusion model
     diffusion_shift: bool = False  # a diffusion model adapted from an AR LM reads token i from column i - 1
     diffusion_causal_prompt: bool = False  # ... and keeps its prompt causal (only the answer is bidirectional)
@@ -137,7 +138,7 @@ class NERModel:
 
             from peft import PeftModel
 
-            from general_decoding.lexical_units import restrict_adapter_to_placeholders
+            from general_decoding.lexical_units import placeholder_adapter
 
             base, tokenizer = load_base(config.base, dtype, device)
             with warnings.catch_warnings():  # peft asks transformers for an attribute it deprecated; nothing to act on here
@@ -147,7 +148,7 @@ class NERModel:
                 model = adapted.merge_and_unload().eval()
             else:  # a lexical-unit adapter stays unmerged: it applies at placeholder columns only
                 model = adapted.get_base_model().eval()
-                restrict_adapter_to_placeholders(model, tokenizer.convert_tokens_to_ids(config.lud_placeholder))
+                placeholder_adapter(model, tokenizer.convert_tokens_to_ids(config.lud_placeholder))
         if config.eos_token and tokenizer.eos_token != config.eos_token:
             # tokenizer versions disagree on a GGUF's end token: answers end with the one trained on
             log.warning("end token %r of the base tokenizer replaced by %r, as trained", tokenizer.eos_token, config.eos_token)
