@@ -1,14 +1,15 @@
 """Lexical-unit decoding against greedy and the lossless decoders, for AR and PaDeLLM, in one run.
 
-The LUD model (``padellm-ner train --recipe en-conll03-lud``) decodes with ``--decoder lud``;
-its adapter applies at placeholder columns only, so the model it was fine-tuned from decodes
-the references: ``greedy``, and the lossless drafters ``copy`` and ``anpd`` (token for token
+The LUD model (``padellm-ner train --recipe en-conll03-lud``) decodes with ``lud`` (its units
+verified: token for token greedy) and with the paper's unverified acceptance of placeholders at
+least ``--threshold`` probable; its adapter applies at placeholder columns only, so the model it
+was fine-tuned from decodes the references: ``greedy``, and the lossless drafters ``copy`` and ``anpd`` (token for token
 greedy). Per strategy and batch size, every decoder runs over the same sentences, interleaved
 batch by batch so that noise hits them alike: wall-clock speed-up over greedy, decoded tokens
 per decoding forward, micro-F1, and answers that ran to their token limit (unfinished).
 
 Usage: python benchmarks/lud.py [--limit N] [--json PATH] [--model LUD_MODEL] [--data FILE]
-       [--threshold T] [--batch-sizes 1,16]
+       [--threshold T] [--batch-sizes 1,16] [--strategies ar,padellm]
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class Run:
     predicted: list = field(default_factory=list)
 
 
-def measure(lud: NEREngine, reference: NEREngine, lud_decoder: Decoder, texts: list[str], strategy: str, batch_size: int) -> dict[str, Run]:
-    runs = {name: Run(reference, name) for name in REFERENCES} | {"lud": Run(lud, lud_decoder)}
+def measure(lud: NEREngine, reference: NEREngine, lud_decoders: dict[str, Decoder], texts: list[str], strategy: str,
+            batch_size: int) -> dict[str, Run]:
+    runs = {name: Run(reference, name) for name in REFERENCES} | {name: Run(lud, d) for name, d in lud_decoders.items()}
     for run in runs.values():  # warm-up
         run.engine.extract(texts[:batch_size], strategy=strategy, decoder=run.decoder)
     for start in tqdm(range(0, len(texts), batch_size), desc=f"{strategy} batch {batch_size}", unit="batch"):
@@ -69,19 +71,22 @@ def main() -> None:
                               model_help=f"the LUD model (name or folder; padellm-ner train --recipe {RECIPE} writes runs/{RECIPE})")
     parser.add_argument("--threshold", type=float, default=0.9, help="placeholder confidence that extends a unit")
     parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--strategies", default="ar,padellm", help="comma-separated: ar, padellm")
     args = parser.parse_args()
     require_model("lud", args.model, RECIPE)
 
     lud = NEREngine.load(args.model)
     reference = NEREngine.load(lud.ner_model.config.base)
-    decoder = get_decoder("lud", unit_size=lud.ner_model.config.lud_unit_size or 4, threshold=args.threshold)
+    unit_size = lud.ner_model.config.lud_unit_size or 4
+    decoders = {"lud": get_decoder("lud", unit_size=unit_size),
+                f"lud ({args.threshold})": get_decoder("lud", unit_size=unit_size, threshold=args.threshold)}
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
     texts = [e.text for e in examples]
     gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
     rows = []
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
-        for strategy in ("ar", "padellm"):
-            runs = measure(lud, reference, decoder, texts, strategy, batch_size)
+        for strategy in args.strategies.split(","):
+            runs = measure(lud, reference, decoders, texts, strategy, batch_size)
             for name, run in runs.items():
                 rows.append({
                     "strategy": strategy, "batch": batch_size, "decoder": name,

@@ -41,7 +41,7 @@ def require_model(script: str, model: str, recipe: str) -> None:
     try:
         resolve_ner_model(model)
     except ModelNotFoundError:
-        fail(script, f"model {model!r} not found ({recipe} does not ship): build it with "
+        fail(script, f"model {model!r} not found: build it with "
                      f"`padellm-ner train --recipe {recipe}`, which writes runs/{recipe}, or give --model FOLDER")
 
 

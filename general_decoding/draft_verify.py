@@ -126,16 +126,20 @@ class Drafter(ABC):
     #: tokens a draft is expected to get accepted before any was verified (:class:`DraftLength`'s
     #: prior): a drafter measured not to pay starts greedy and probes
     expected_accepted: float = 1.0
+    #: tokens fed after every draft whose predictions go to :meth:`observe` but are not verified
+    #: (the placeholders of lexical units); set by :meth:`start`
+    trailing: tuple[int, ...] = ()
 
     @abstractmethod
     def propose(self, row: int, state: RowState, budget: int) -> list[int]:
         """Up to ``budget`` tokens expected to follow ``state.history`` (may be empty)."""
 
-    def start(self, states: list[RowState]) -> None:
+    def start(self, states: list[RowState], model: PreTrainedModel) -> None:
         """Hook: called once per decoding call before the first draft."""
 
-    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int) -> None:
-        """Hook: the verified predictions after ``[last] + draft`` and how many drafts were accepted."""
+    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int, trailing: list[int]) -> None:
+        """Hook: the greedy predictions after ``[last] + draft[:j]`` for every j, how many drafts
+        were accepted, and the predictions at the :attr:`trailing` columns fed after the draft."""
 
     def details(self) -> dict[str, list[int]]:
         """Hook: drafter-specific counts for :attr:`Generation.details`."""
@@ -188,7 +192,7 @@ class DraftVerifyDecoder(Decoder):
         new_columns = inputs.attention_mask[:, -inputs.input_ids.shape[1]:]
         contexts = inputs.context_ids or [[] for _ in range(inputs.input_ids.shape[0])]
         states = [RowState(list(c) + ids[keep.bool()].tolist()) for c, ids, keep in zip(contexts, inputs.input_ids.cpu(), new_columns.cpu())]
-        self.drafter.start(states)
+        self.drafter.start(states, model)
         lengths = DraftLength(len(states), self.max_draft, prior=self.expected_accepted)
         live = list(range(len(states)))  # the batch's rows still decoding, in cache order
         mask = inputs.attention_mask[:, : -inputs.input_ids.shape[1]]
@@ -217,27 +221,34 @@ class DraftVerifyDecoder(Decoder):
         tokens were emitted."""
         stop, constraints = inputs.stop, inputs.constraints
         room = max(self.verify_tokens // len(live) - fed.shape[1], 0)
+        trailing = list(self.drafter.trailing) if room > len(self.drafter.trailing) else []
+        room -= len(trailing)
         drafts = [self._draft(r, states[r], budget, constraints)
                   if (budget := min(lengths.budget(r), room, stop.max_new_tokens - len(states[r].tokens) - 1)) > 0 else [] for r in live]
         width = max(len(d) for d in drafts)
-        ids = torch.cat([fed, torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.long, device=fed.device)], dim=1)
+        columns = width + len(trailing)  # each row: its draft, the trailing tokens, padding
+        ids = torch.cat([fed, torch.tensor([d + trailing + [0] * (width - len(d)) for d in drafts], dtype=torch.long, device=fed.device)], dim=1)
         known = torch.cat([mask, fed_mask], dim=1)
-        full_mask = torch.cat([known, torch.ones_like(known[:, :1]).expand(-1, width)], dim=1)
+        fed_now = torch.tensor([[1] * (len(d) + len(trailing)) + [0] * (width - len(d)) for d in drafts], dtype=known.dtype, device=known.device)
+        full_mask = torch.cat([known, fed_now], dim=1)
         positions = torch.cat([position_ids_from_mask(known)[:, -fed.shape[1]:],
-                               known.sum(-1, keepdim=True) + torch.arange(width, device=mask.device)], dim=1)
+                               known.sum(-1, keepdim=True) + torch.arange(columns, device=mask.device)], dim=1)
         past = cache.get_seq_length()
         logits = model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
-                       cache=cache, use_cache=True, logits_to_keep=width + 1).logits
+                       cache=cache, use_cache=True, logits_to_keep=columns + 1).logits
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         predictions = self._choose(logprobs, live, [states[r] for r in live], drafts, constraints)
+        trailing_predictions = logprobs.argmax(-1).tolist() if trailing else None
         chosen = logprobs.gather(-1, predictions[..., None])[..., 0]
         accepted_drafts, emitted = [], 0
         for i, r in enumerate(live):
-            state, draft, row_pred = states[r], drafts[i], predictions[i].tolist()
+            state, draft = states[r], drafts[i]
+            row_pred = predictions[i, : len(draft) + 1].tolist()
             accepted = 0
             while accepted < len(draft) and draft[accepted] == row_pred[accepted]:
                 accepted += 1
-            self.drafter.observe(r, state, row_pred, accepted)
+            row_trailing = trailing_predictions[i][len(draft) + 1: len(draft) + 1 + len(trailing)] if trailing_predictions else []
+            self.drafter.observe(r, state, row_pred, accepted, row_trailing)
             lengths.update(r, len(draft), accepted)
             row_lp = chosen[i].tolist()
             before = len(state.tokens) + int(state.stopped)

@@ -11,6 +11,8 @@ bounds how many guesses a forward holds; while they keep failing, the steps are 
 
 from __future__ import annotations
 
+from transformers import PreTrainedModel
+
 from general_decoding.draft_verify import Drafter, DraftVerifyDecoder, RowState
 from general_decoding.registry import register_decoder
 
@@ -30,7 +32,7 @@ class JacobiDrafter(Drafter):
         self._guesses: list[list[int]] = []
         self._iterations: list[list[int]] = []
 
-    def start(self, states: list[RowState]) -> None:
+    def start(self, states: list[RowState], model: PreTrainedModel) -> None:
         self._guesses = [[] for _ in states]
         self._iterations = [[0] for _ in states]
 
@@ -41,7 +43,7 @@ class JacobiDrafter(Drafter):
         guesses = self._guesses[row][:unknowns]
         return guesses + [state.history[-1]] * (unknowns - len(guesses))
 
-    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int) -> None:
+    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int, trailing: list[int]) -> None:
         block_before = len(state.tokens) // self.block_size if self.block_size else 0
         fixed = len(state.tokens) + accepted + 1
         self._iterations[row][-1] += 1

@@ -1,18 +1,18 @@
 """Lexical-unit decoding (Sun et al. 2024, "Decoding at the Speed of Thought"): a model
 fine-tuned by :mod:`training.lexical_units` predicts, from ``unit_size - 1`` placeholder
-tokens fed after the last token, the tokens that follow the next one; a whole unit is
-emitted in one forward when the model is confident, one token otherwise.
+tokens fed after the last token, the tokens that follow the next one, so that a whole unit can
+be emitted in one forward.
 
-Each forward feeds, per row, the tokens emitted by the previous forward (not yet cached) and
-the placeholders. The last emitted token's column gives the next token ``g_0`` (exactly the
-greedy token); placeholder ``j`` gives ``g_j``, kept while its probability is at least
-``threshold`` (and every earlier one was kept). Placeholder columns leave the cache after
-the forward. Not lossless: a confident placeholder may differ from what greedy decoding
-would have produced; ``threshold > 1`` is plain greedy decoding.
+``get_decoder("lud")`` verifies the units: the placeholders' predictions are drafts that the
+next forward checks against the greedy tokens (:class:`LexicalUnitDrafter` in the
+draft-and-verify loop), so the answer is token for token greedy. ``get_decoder("lud",
+threshold=t)`` is the paper's acceptance (:class:`ConfidentUnitDecoder`): every placeholder at
+least ``t`` probable is emitted unverified, faster per forward but not lossless.
 
-:func:`restrict_adapter_to_placeholders` makes a LoRA adapter apply at placeholder columns only:
-every other column then computes exactly what the model without the adapter computes, so the
-greedy token of each forward is the original model's, and placeholders cannot change it.
+An adapter restricted to placeholder columns leaves every other column exactly what the model
+without it computes, so the greedy token of each forward is the original model's:
+:func:`restrict_adapter_to_placeholders` for training (peft's trainable layers, gated by a hook),
+:func:`placeholder_adapter` for inference (a gather and a scatter-add per layer).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from general_decoding.base import DecodeInputs, Decoder, Generation, position_ids_from_mask
-from general_decoding.draft_verify import prefill
+from general_decoding.draft_verify import Drafter, DraftVerifyDecoder, RowState, prefill
 from general_decoding.kv_cache import ReservedCache, keep_first
 from general_decoding.registry import register_decoder
 
@@ -41,15 +41,19 @@ def placeholder_id_of(model: PreTrainedModel) -> int:
 
 class PlaceholderColumns:
     """Which columns of the current forward hold the placeholder token: the gate of a LoRA
-    adapter restricted by :func:`restrict_adapter_to_placeholders`."""
+    adapter restricted by :func:`restrict_adapter_to_placeholders` or :func:`placeholder_adapter`."""
 
     def __init__(self, placeholder_id: int) -> None:
         self.placeholder_id = placeholder_id
         self.mask: torch.Tensor | None = None
+        self.flat: torch.Tensor | None = None
 
     def see(self, input_ids: torch.Tensor) -> None:
-        """Take the columns of ``input_ids`` (``[batch, length]``) for the next forward."""
+        """Take the columns of ``input_ids`` (``[batch, length]``) for the next forward: ``mask``,
+        and ``flat``, their indices in the flattened batch (None when there is none)."""
         self.mask = input_ids == self.placeholder_id
+        flat = self.mask.reshape(-1).nonzero().squeeze(1)
+        self.flat = flat if flat.numel() else None
 
     def gate(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         """A forward hook on a LoRA ``B`` matrix: its update, zero outside placeholder columns."""
@@ -58,10 +62,36 @@ class PlaceholderColumns:
         return output * self.mask.to(output.device, output.dtype).unsqueeze(-1)
 
 
+class PlaceholderLoRALinear(torch.nn.Module):
+    """A linear layer plus a frozen LoRA update (``up @ down``, scaled) at placeholder columns
+    only: a gather, two thin products and a scatter-add, nothing at all in a forward without
+    placeholders. The inference form of a lexical-unit adapter (:func:`placeholder_adapter`)."""
+
+    def __init__(self, base: torch.nn.Module, down: torch.Tensor, up: torch.Tensor, columns: PlaceholderColumns) -> None:
+        super().__init__()
+        self.base = base
+        self.register_buffer("down", down.detach().t().contiguous(), persistent=False)  # [in, r]
+        self.register_buffer("up", up.detach().t().contiguous(), persistent=False)  # [r, out], scaled
+        self.columns = columns
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        rows = self.columns.flat
+        if rows is None:
+            return out
+        update = torch.mm(torch.mm(x.reshape(-1, x.shape[-1]).index_select(0, rows), self.down), self.up)
+        flat = out.reshape(-1, out.shape[-1])
+        return flat.index_add_(0, rows, update.to(flat.dtype)).reshape(out.shape)
+
+
+def _see_input_ids(model: PreTrainedModel, columns: PlaceholderColumns) -> None:
+    model.get_input_embeddings().register_forward_hook(lambda module, args, output: columns.see(args[0]))
+
+
 def restrict_adapter_to_placeholders(model: PreTrainedModel, placeholder_id: int) -> PlaceholderColumns:
-    """Gate every (unmerged) LoRA update of ``model`` to the columns that hold ``placeholder_id``;
-    the columns are read from the token ids each forward embeds (training from hidden states
-    calls :meth:`PlaceholderColumns.see` itself)."""
+    """Gate every (unmerged, trainable) LoRA update of ``model`` to the columns that hold
+    ``placeholder_id``; the columns are read from the token ids each forward embeds (training
+    from hidden states calls :meth:`PlaceholderColumns.see` itself)."""
     columns = PlaceholderColumns(placeholder_id)
     gated = 0
     for module in model.modules():
@@ -72,7 +102,25 @@ def restrict_adapter_to_placeholders(model: PreTrainedModel, placeholder_id: int
                 gated += 1
     if not gated:
         raise ValueError("the model has no LoRA adapter to restrict to placeholder columns")
-    model.get_input_embeddings().register_forward_hook(lambda module, args, output: columns.see(args[0]))
+    _see_input_ids(model, columns)
+    return columns
+
+
+def placeholder_adapter(model: PreTrainedModel, placeholder_id: int) -> PlaceholderColumns:
+    """Replace every LoRA layer of ``model`` (a peft model's base model, for inference) by a
+    :class:`PlaceholderLoRALinear` of its base layer and its active adapter's weights."""
+    columns = PlaceholderColumns(placeholder_id)
+    lora_layers = [(name, module) for name, module in model.named_modules()
+                   if isinstance(getattr(module, "lora_A", None), torch.nn.ModuleDict) and module.lora_A]
+    if not lora_layers:
+        raise ValueError("the model has no LoRA adapter to restrict to placeholder columns")
+    for name, module in lora_layers:
+        (adapter,) = module.active_adapters
+        replacement = PlaceholderLoRALinear(module.base_layer, module.lora_A[adapter].weight,
+                                            module.lora_B[adapter].weight * module.scaling[adapter], columns)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, replacement)
+    _see_input_ids(model, columns)
     return columns
 
 
@@ -86,8 +134,7 @@ def accepted_unit(first: int, placeholder_tokens: list[int], placeholder_probs: 
     return unit
 
 
-@register_decoder("lud")
-class LexicalUnitDecoder(Decoder):
+class ConfidentUnitDecoder(Decoder):
     """Up to ``unit_size`` tokens per forward: the greedy token and the confident placeholders."""
 
     def __init__(self, unit_size: int = 4, threshold: float = 0.9, placeholder_id: int | None = None) -> None:
@@ -137,3 +184,34 @@ class LexicalUnitDecoder(Decoder):
             mask = torch.cat([mask, block[:, :width]], dim=1)
         return Generation([s.tokens for s in states], [s.logprobs for s in states], [s.score for s in states],
                           [s.stopped for s in states], forwards, accepted_per_pass)
+
+
+class LexicalUnitDrafter(Drafter):
+    """Drafts what the placeholders fed after the previous draft predicted: the tokens after
+    that forward's bonus token, valid when its draft was accepted whole (else none)."""
+
+    def __init__(self, unit_size: int = 4, placeholder_id: int | None = None) -> None:
+        if unit_size < 2:
+            raise ValueError(f"unit_size must be >= 2, got {unit_size}")
+        self.unit_size, self.placeholder_id = unit_size, placeholder_id
+        self._next: list[list[int]] = []
+
+    def start(self, states: list[RowState], model: PreTrainedModel) -> None:
+        placeholder = self.placeholder_id if self.placeholder_id is not None else placeholder_id_of(model)
+        self.trailing = (placeholder,) * (self.unit_size - 1)
+        self._next = [[] for _ in states]
+
+    def propose(self, row: int, state: RowState, budget: int) -> list[int]:
+        return self._next[row][:budget]
+
+    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int, trailing: list[int]) -> None:
+        self._next[row] = list(trailing) if accepted == len(predictions) - 1 else []
+
+
+@register_decoder("lud")
+def lexical_unit_decoder(unit_size: int = 4, threshold: float | None = None, placeholder_id: int | None = None) -> Decoder:
+    """Units drafted by the placeholders and verified (token for token greedy), or with a
+    ``threshold`` accepted unverified when confident (:class:`ConfidentUnitDecoder`)."""
+    if threshold is None:
+        return DraftVerifyDecoder(LexicalUnitDrafter(unit_size, placeholder_id), max_draft=unit_size - 1)
+    return ConfidentUnitDecoder(unit_size, threshold, placeholder_id)

@@ -7,6 +7,8 @@ up to ``max_draft`` tokens that one forward verifies. The table adapts as tokens
 
 from __future__ import annotations
 
+from transformers import PreTrainedModel
+
 from general_decoding.draft_verify import Drafter, DraftVerifyDecoder, RowState
 from general_decoding.registry import register_decoder
 
@@ -45,7 +47,7 @@ class NGramDrafter(Drafter):
         self.max_n = max_n
         self._tables: list[NGramTable] = []
 
-    def start(self, states: list[RowState]) -> None:
+    def start(self, states: list[RowState], model: PreTrainedModel) -> None:
         self._tables = [NGramTable(self.max_n) for _ in states]
 
     def propose(self, row: int, state: RowState, budget: int) -> list[int]:

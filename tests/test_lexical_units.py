@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from general_decoding import StopCriteria, get_decoder
-from general_decoding.lexical_units import accepted_unit, restrict_adapter_to_placeholders
+from general_decoding.lexical_units import accepted_unit, placeholder_adapter, restrict_adapter_to_placeholders
 from general_decoding.tree_attention import pack_branches
 from ner_service.engine import NEREngine, prompts
 from training.examples import IGNORE, TrainingRow
@@ -49,6 +49,11 @@ def test_the_adapter_changes_placeholder_columns_only(tmp_path) -> None:
         after = adapted(input_ids=ids).logits
     assert torch.equal(after[0, :-3], before[0, :-3])  # every other column computes exactly what it did
     assert not torch.allclose(after[0, -3:], before[0, -3:])
+    placeholder_adapter(adapted.get_base_model(), placeholder)  # the inference form: the same update, gathered
+    with torch.inference_mode():
+        folded = adapted.get_base_model()(input_ids=ids).logits
+    assert torch.equal(folded[0, :-3], before[0, :-3])
+    torch.testing.assert_close(folded, after)
 
 
 def _reference(model, prompt: list[int], placeholder: int, unit_size: int, threshold: float, stop: StopCriteria) -> list[int]:
@@ -90,6 +95,27 @@ def test_cached_batched_decoder_equals_the_step_by_step_reference(tiny_engine, t
         assert got.tokens_per_forward > 2
 
 
+def test_verified_units_are_token_for_token_greedy() -> None:
+    from peft import LoraConfig, get_peft_model
+
+    engine = NEREngine.load("tiny-conll03")  # its own copy: the adapter stays on it
+    model, tokenizer = engine.ner_model.model, engine.ner_model.tokenizer
+    stop = StopCriteria(30, frozenset({tokenizer.eos_token_id}))
+    rows = [tokenizer(prompts.prefix(t) + prompts.ar_query()).input_ids for t in TEXTS]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    greedy = get_decoder("greedy").generate(model, ids, stop, attention_mask=mask)
+    seen = {token for row in rows + greedy.tokens for token in row}
+    placeholder = next(token for token in range(5, 1000) if token not in seen)
+    adapted = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    restrict_adapter_to_placeholders(adapted.get_base_model(), placeholder)
+    with torch.inference_mode():
+        verified = get_decoder("lud", unit_size=4, placeholder_id=placeholder).generate(adapted.get_base_model(), ids, stop, attention_mask=mask)
+    assert verified.tokens == greedy.tokens
+    assert sum(verified.accepted_per_pass) == sum(len(t) + int(s) for t, s in zip(greedy.tokens, greedy.stopped))
+
+
 def test_threshold_above_one_is_greedy_decoding(tiny_engine) -> None:
     model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
     stop = StopCriteria(25, frozenset({tokenizer.eos_token_id}))
@@ -116,4 +142,24 @@ def test_train_lud_saves_a_stacked_model_that_decodes(tmp_path, data_dir) -> Non
         got = engine.extract(TEXTS, strategy=strategy, decoder="greedy")
         # greedy decoding never feeds a placeholder: the adapter leaves it exactly the model it was trained from
         assert [r.entities for r in got] == [r.entities for r in reference.extract(TEXTS, strategy=strategy, decoder="greedy")]
-        engine.extract(TEXTS, strategy=strategy, decoder="lud")  # runs end to end through the engine
+        engine.extract(TEXTS, strategy=strategy, decoder=get_decoder("lud", threshold=0.5))  # the paper's acceptance, end to end
+        verified = engine.extract(TEXTS, strategy=strategy, decoder="lud")
+        assert [r.entities for r in verified] == [r.entities for r in got]
+
+
+def test_the_shipped_lud_model_answers_as_its_base_in_fewer_forwards(en_engine) -> None:
+    """en-conll03-lud's units are verified, so its AR answers are en-conll03's greedy ones, found
+    in fewer forwards; with the paper's unverified acceptance they are not guaranteed to be."""
+    lud = NEREngine.load("en-conll03-lud")
+    assert lud.ner_model.config.base == "en-conll03"
+    texts = TEXTS + ["Germany 's representative to the European Union 's veterinary committee Werner Zwingmann said on Wednesday ."]
+    got = lud.extract(texts, strategy="ar", decoder="lud")
+    reference = en_engine.extract(texts, strategy="ar", decoder="greedy")
+
+    def spans(results):
+        return [[(e.start, e.end, e.label) for e in r.entities] for r in results]
+
+    assert spans(got) == spans(reference) and any(spans(got))
+    # the same tokens; their probabilities come from wider forwards, equal up to float rounding
+    assert [e.score for r in got for e in r.entities] == pytest.approx([e.score for r in reference for e in r.entities], rel=1e-5)
+    assert got[0].stats.forward_passes < reference[0].stats.forward_passes

@@ -15,7 +15,7 @@ once per row (:class:`training.top_layers.FrozenHidden`); the loop checkpoints a
 
 The result is an NER model folder stacked on the model it was trained from (``ner_model.json``
 ``base``) whose ``lud_placeholder`` names the placeholder token, for
-:class:`general_decoding.lexical_units.LexicalUnitDecoder` (``--decoder lud``).
+:mod:`general_decoding.lexical_units` (``--decoder lud``).
 """
 
 from __future__ import annotations
