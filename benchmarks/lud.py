@@ -3,8 +3,8 @@
 The LUD model (``padellm-ner train --recipe en-conll03-lud``) decodes with ``lud`` (its units
 verified: token for token greedy) and with the paper's unverified acceptance of placeholders at
 least ``--threshold`` probable; its adapter applies at placeholder columns only, so the model it
-was fine-tuned from decodes the references: ``greedy``, and the lossless drafters ``copy`` and ``anpd`` (token for token
-greedy). Per strategy and batch size, every decoder runs over the same sentences, interleaved
+was fine-tuned from decodes the references: ``greedy``, and the lossless drafters ``copy`` and
+``anpd`` (token for token greedy). Per strategy and batch size, every decoder runs over the same sentences, interleaved
 batch by batch so that noise hits them alike: wall-clock speed-up over greedy, decoded tokens
 per decoding forward, micro-F1, and answers that ran to their token limit (unfinished).
 

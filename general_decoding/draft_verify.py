@@ -238,7 +238,8 @@ class DraftVerifyDecoder(Decoder):
                        cache=cache, use_cache=True, logits_to_keep=columns + 1).logits
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         predictions = self._choose(logprobs, live, [states[r] for r in live], drafts, constraints)
-        trailing_predictions = logprobs.argmax(-1).tolist() if trailing else None
+        # unconstrained (constraints apply to verified columns only); without constraints that is ``predictions``
+        trailing_predictions = (logprobs.argmax(-1) if constraints else predictions).tolist() if trailing else None
         chosen = logprobs.gather(-1, predictions[..., None])[..., 0]
         accepted_drafts, emitted = [], 0
         for i, r in enumerate(live):

@@ -31,8 +31,10 @@ from general_decoding.registry import register_decoder
 PLACEHOLDER_ATTRIBUTE = "lud_placeholder_id"
 
 
-def placeholder_id_of(model: PreTrainedModel) -> int:
-    """The placeholder token id a LUD-trained model was fine-tuned with."""
+def placeholder_id_of(model: PreTrainedModel, given: int | None = None) -> int:
+    """``given``, else the placeholder token id a LUD-trained model was fine-tuned with."""
+    if given is not None:
+        return given
     value = getattr(model.config, PLACEHOLDER_ATTRIBUTE, None)
     if value is None:
         raise ValueError("this model was not fine-tuned for lexical units (train it with `padellm-ner train-lud`)")
@@ -143,7 +145,7 @@ class ConfidentUnitDecoder(Decoder):
         self.unit_size, self.threshold, self.placeholder_id = unit_size, threshold, placeholder_id
 
     def _generate(self, model: PreTrainedModel, inputs: DecodeInputs) -> Generation:
-        placeholder = self.placeholder_id if self.placeholder_id is not None else placeholder_id_of(model)
+        placeholder = placeholder_id_of(model, self.placeholder_id)
         placeholders = self.unit_size - 1
         device, stop = inputs.input_ids.device, inputs.stop
         cache = inputs.past_key_values if inputs.past_key_values is not None else ReservedCache()
@@ -197,7 +199,7 @@ class LexicalUnitDrafter(Drafter):
         self._next: list[list[int]] = []
 
     def start(self, states: list[RowState], model: PreTrainedModel) -> None:
-        placeholder = self.placeholder_id if self.placeholder_id is not None else placeholder_id_of(model)
+        placeholder = placeholder_id_of(model, self.placeholder_id)
         self.trailing = (placeholder,) * (self.unit_size - 1)
         self._next = [[] for _ in states]
 

@@ -5,7 +5,7 @@ about five sentences at once, it answers as if it were one. Such a model reads e
 a window of its own (``one_sentence``); a model trained on longer texts (Weibo posts) reads
 sentences packed up to the token budget. A sentence longer than the budget (a run-on without
 full stops, a long list) is read in windows of whole words cut at clause marks: the English
-model, asked about 32-token windows rather than 160-token ones, finds more of a long sentence's
+model, asked about 40-token windows rather than 160-token ones, finds more of a long sentence's
 mentions (docs/benchmarks.md).
 """
 
@@ -19,14 +19,14 @@ from dataclasses import dataclass
 #: or brackets) followed by white space and what can start a sentence; after a Chinese one
 #: (。！？；) anyway; at a line break.
 SENTENCE_BREAK = re.compile(r"""(?<=[.!?])["'”’)\]]*\s+(?=["'“‘(\[]?[A-Z0-9])|(?<=[。！？；])[”’」』）]*\s*|\n+""")
-#: Words whose full stop does not end a sentence (besides initials, words with inner stops such as
-#: U.S., and the numbers of a list: "2. England").
 #: Where a long sentence may be cut: after white space, or after Chinese clause punctuation
 #: (Chinese has no white space between words).
 WORD_BREAK = re.compile(r"\s+|(?<=[，、；：）])")
 #: A word that ends a clause (its comma, colon, semicolon or closing bracket), where a long
 #: sentence is best cut.
 CLAUSE_END = re.compile(r"[,;:)\]，、；：）]\s*$")
+#: Words whose full stop does not end a sentence (besides initials, words with inner stops such as
+#: U.S., and the numbers of a list: "2. England").
 ABBREVIATIONS = frozenset("""mr mrs ms dr prof st jr sr inc co corp ltd gen sen rep gov lt col sgt capt mt no vs etc
     jan feb mar apr jun jul aug sep sept oct nov dec""".split())
 
