@@ -1,9 +1,9 @@
-"""Offset alignment, label conflicts and windowing of long texts."""
+"""Offset alignment, overlapping spans and windowing of long texts."""
 
 from __future__ import annotations
 
 from ner_service.engine.chunking import chunk_spans, mostly_single_sentences, sentence_spans
-from ner_service.engine.spans import Entity, Mention, align_mentions, resolve_label_conflicts
+from ner_service.engine.spans import Entity, Mention, align_mentions, resolve_overlaps
 
 
 def test_kth_mention_goes_to_next_untaken_occurrence() -> None:
@@ -31,8 +31,18 @@ def test_occurrence_not_reused_for_the_same_label_but_shared_across_labels() -> 
 
 
 def test_span_under_two_labels_keeps_the_more_probable() -> None:
-    kept = resolve_label_conflicts([Entity(0, 6, "Jordan", "PER", 0.4), Entity(0, 6, "Jordan", "LOC", 0.9), Entity(11, 17, "Jordan", "PER", 0.8)])
+    kept = resolve_overlaps([Entity(0, 6, "Jordan", "PER", 0.4), Entity(0, 6, "Jordan", "LOC", 0.9), Entity(11, 17, "Jordan", "PER", 0.8)])
     assert [(e.start, e.label) for e in kept] == [(0, "LOC"), (11, "PER")]
+
+
+def test_overlapping_spans_keep_the_longer() -> None:
+    """"Merkel" found only inside "Angela Merkel" repeats it; "England" inside "Bank of England"
+    too, however probable; a span that only touches another stays."""
+    text = "Angela Merkel at the Bank of England , Paris"
+    kept = resolve_overlaps([Entity(0, 13, "Angela Merkel", "PER", 0.6), Entity(7, 13, "Merkel", "PER", 0.9),
+                             Entity(21, 36, "Bank of England", "ORG", 0.5), Entity(29, 36, "England", "LOC", 0.99),
+                             Entity(13, 16, " at", "MISC", 0.1)])
+    assert [(text[e.start:e.end], e.label) for e in kept] == [("Angela Merkel", "PER"), (" at", "MISC"), ("Bank of England", "ORG")]
 
 
 def test_chunks_respect_the_budget_and_keep_offsets() -> None:

@@ -22,7 +22,7 @@ from ner_service.engine.chunking import Window, windows_of
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
 from ner_service.engine.options import ExtractOptions
 from ner_service.engine.results import Extraction, ExtractionStats
-from ner_service.engine.spans import Entity, align_mentions, resolve_label_conflicts
+from ner_service.engine.spans import Entity, align_mentions, resolve_overlaps
 from ner_service.engine.strategies import Strategy, StrategyOptions, strategy_class
 
 if TYPE_CHECKING:
@@ -143,4 +143,4 @@ class NEREngine:
                 Entity(e.start + window.offset, e.end + window.offset, e.text, e.label, e.score) for e in entities
             )
         stats.latency_ms = (time.perf_counter() - began) * 1000
-        return [Extraction(text, resolve_label_conflicts(found), stats) for text, found in zip(texts, per_text)]
+        return [Extraction(text, resolve_overlaps(found), stats) for text, found in zip(texts, per_text)]

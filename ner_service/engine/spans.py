@@ -1,4 +1,4 @@
-"""From generated mentions to character spans: offset alignment and label conflicts."""
+"""From generated mentions to character spans: offset alignment and overlapping spans."""
 
 from __future__ import annotations
 
@@ -78,11 +78,12 @@ def align_mentions(text: str, mentions: list[Mention]) -> tuple[list[Entity], in
     return entities, missing
 
 
-def resolve_label_conflicts(entities: list[Entity]) -> list[Entity]:
-    """Keep one entity per span: the most probable label; sorted by offset."""
-    best: dict[tuple[int, int], Entity] = {}
-    for entity in entities:
-        key = (entity.start, entity.end)
-        if key not in best or entity.score > best[key].score:
-            best[key] = entity
-    return sorted(best.values(), key=lambda e: (e.start, e.end, e.label))
+def resolve_overlaps(entities: list[Entity]) -> list[Entity]:
+    """Entities never overlap (the corpora, spaCy's ``doc.ents`` and the page are flat): of one
+    span the most probable label is kept; of overlapping spans the longer one, since a mention
+    found only inside another entity repeats part of it. Sorted by offset."""
+    kept: list[Entity] = []
+    for entity in sorted(entities, key=lambda e: (e.start - e.end, -e.score, e.start)):
+        if all(entity.end <= other.start or entity.start >= other.end for other in kept):
+            kept.append(entity)
+    return sorted(kept, key=lambda e: (e.start, e.end, e.label))
