@@ -254,14 +254,78 @@ def test_an_adapted_ner_model_trains_a_stacked_adapter_that_decodes(tmp_path: Pa
     from ner_service.engine import NERModelConfig
     from training.diffusion import DiffusionConfig, train_diffusion
 
+    from dataclasses import replace
+    from shutil import copytree
+
+    from ner_service.engine.ner_model import resolve_ner_model
+
     corpus = tmp_path / "train.jsonl"
     corpus.write_text('{"text": "Peter lives in Paris .", "entities": [{"start": 0, "end": 5, "label": "PER"}]}\n' * 8, encoding="utf-8")
-    train_diffusion(DiffusionConfig(train=str(corpus), output=str(tmp_path / "model"), init="tiny-conll03", mask_token="^",
+    ar_model = copytree(resolve_ner_model("tiny-conll03"), tmp_path / "ar-model")
+    replace(NERModelConfig.read(ar_model), sentence_windows=True, window_tokens=24, count_bias=0.5).write(ar_model)
+    train_diffusion(DiffusionConfig(train=str(corpus), output=str(tmp_path / "model"), init=str(ar_model), mask_token="^",
                                     lora_r=4, lora_layers=1, answer_tokens=12, batch_rows=8, max_steps=2, warmup_steps=1))
     config = NERModelConfig.read(tmp_path / "model")
-    assert (config.base, config.mask_token, config.diffusion_shift, config.diffusion_causal_prompt) == ("tiny-conll03", "^", True, True)
+    assert (config.base, config.mask_token, config.diffusion_shift, config.diffusion_causal_prompt) == (str(ar_model), "^", True, True)
+    assert (config.sentence_windows, config.window_tokens, config.max_ar_tokens) == (True, 24, 12)  # it reads the windows it was adapted on
     assert (tmp_path / "model" / "adapter_model.safetensors").is_file() and not (tmp_path / "model" / "model.safetensors").exists()
     engine = NEREngine.load(tmp_path / "model")
     assert engine.ner_model.tokenizer.mask_token_id == engine.ner_model.tokenizer.convert_tokens_to_ids("^")
     [result] = engine.extract(["Peter lives in Paris ."], strategy="fast_dllm")
     assert result.stats.forward_passes > 0 and all("Peter lives in Paris ."[e.start:e.end] == e.text for e in result.entities)
+
+
+def test_the_blockwise_schedule_masks_a_block_after_a_clean_prefix_and_everything_after_it() -> None:
+    """What block-wise decoding meets: the answer before the block clean, the block partly
+    masked (its first token always), the rest masked; only the block's masked tokens are targets."""
+    from training.diffusion import blockwise_noise
+
+    eos, block = 0, 4
+    answers = torch.tensor([[5, 6, 7, 8, 9, 10, 0, 0, 0, 0, 0, 0]] * 64 + [[0] * 12] * 8)
+    noise = blockwise_noise(answers, eos, block, torch.Generator().manual_seed(0))
+    targets = noise.weights > 0
+    starts = set()
+    for masked, target in zip(noise.masked.tolist(), targets.tolist()):
+        start = masked.index(True)
+        starts.add(start)
+        assert target[start] and not any(masked[:start]) and all(masked[start + block:])
+        assert [i for i, t in enumerate(target) if t] == [i for i in range(start, min(start + block, 12)) if masked[i]]
+    assert starts == set(range(7))  # any start up to the first end token, which must be predicted too
+    assert torch.allclose(noise.weights.sum(), torch.tensor(1.0))
+
+
+def test_a_diffusion_run_stopped_mid_way_resumes_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that dies after its third step resumes from its checkpoint (weights, optimizer, data
+    order, mask noise) and ends with the weights of the run that never stopped."""
+    import training.diffusion as diffusion
+    from safetensors.torch import load_file
+
+    corpus = tmp_path / "train.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t, "entities": [{"start": t.index(m), "end": t.index(m) + len(m), "label": label}
+                                                                      for m, label in GOLD[i]]}) + "\n" for i, t in enumerate(TEXTS)) * 4,
+                      encoding="utf-8")
+
+    def config(output: str, resume: bool = False) -> diffusion.DiffusionConfig:
+        return diffusion.DiffusionConfig(train=str(corpus), output=str(tmp_path / output), init="tiny-conll03", mask_token="^", lora_r=4,
+                                         lora_layers=1, answer_tokens=16, batch_rows=4, max_steps=6, warmup_steps=2, save_minutes=0,
+                                         mask_schedule="blockwise", block_size=4, resume=resume)
+
+    diffusion.train_diffusion(config("whole"))
+    step = diffusion.optimizer_step
+    calls = []
+
+    def dies_after_three(*args, **kwargs) -> None:
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(1)
+        step(*args, **kwargs)
+
+    monkeypatch.setattr(diffusion, "optimizer_step", dies_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        diffusion.train_diffusion(config("stopped"))
+    monkeypatch.setattr(diffusion, "optimizer_step", step)
+    assert (tmp_path / "stopped" / "checkpoint").is_dir() and (tmp_path / "stopped" / "snapshots" / "minute-0").is_dir()
+    summary = diffusion.train_diffusion(config("stopped", resume=True))
+    assert summary["steps"] == 6 and not (tmp_path / "stopped" / "checkpoint").exists()
+    whole, resumed = (load_file(tmp_path / name / "adapter_model.safetensors") for name in ("whole", "stopped"))
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)

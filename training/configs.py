@@ -5,6 +5,7 @@ checks settings against these dataclasses without loading a model's libraries.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 #: The training formats: PaDeLLM (a count and one query per mention, per label) and AR (all mentions in one answer).
 FORMATS = ("padellm", "ar")
@@ -96,12 +97,17 @@ class DiffusionConfig:
     lora_alpha: int = 32
     lora_layers: int | None = None  # adapt only the top N layers (backward stops below them); None: all
     mask_token: str = "<empty_output>"  # an existing token an adapted model without a mask token uses as its mask
+    #: "uniform" (LLaDA: any subset of the answer masked) or "blockwise" (a clean prefix, a
+    #: partly masked block of ``block_size``, the rest masked: what block-wise decoding meets)
+    mask_schedule: Literal["uniform", "blockwise"] = "uniform"
+    block_size: int = 8
     warmup_steps: int = 100
     batch_rows: int = 32
     max_steps: int | None = None
     max_minutes: float | None = None
     limit: int | None = None
     save_minutes: float = 10.0
+    resume: bool = False
     seed: int = 0
     device: str = "cpu"
 

@@ -29,7 +29,7 @@ import math
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -40,10 +40,11 @@ from general_decoding.base import left_pad
 from general_decoding.diffusion.layout import bidirectional_mask, causal_prompt_mask
 from ner_service.engine import NERModelConfig, prompts
 from ner_service.engine.model_loading import load_causal_lm
-from ner_service.engine.ner_model import SELF_CONTAINED, NERModel
+from ner_service.engine.ner_model import NERModel
 from corpora import Example, labels_of, read_corpus
 from training.configs import INITS, DiffusionConfig
 from training.tiny_model import build_tokenizer
+from training.checkpoints import CheckpointClock, load_checkpoint, save_checkpoint
 from training.loss import optimizer_step
 
 MASK = "<mask>"
@@ -78,18 +79,51 @@ def build_row(example: Example, labels: list[str], tokenizer: PreTrainedTokenize
     return DiffusionRow(prompt, answer + [eos] * (answer_tokens - len(answer)))
 
 
-def diffusion_loss(model: PreTrainedModel, rows: list[DiffusionRow], mask_id: int, pad_id: int, generator: torch.Generator,
+@dataclass(frozen=True)
+class Noise:
+    """Which answer tokens a training row feeds as the mask token, and the loss weight of each
+    (zero where a token is not a target)."""
+
+    masked: torch.Tensor  # [batch, length] bool
+    weights: torch.Tensor  # [batch, length] float
+
+
+def uniform_noise(lengths: torch.Size, generator: torch.Generator) -> Noise:
+    """LLaDA's schedule: per row a ratio ``t ~ U(eps, 1)``, each answer token masked with
+    probability ``t`` and weighted ``1 / t`` (averaged over the answer length)."""
+    batch, length = lengths
+    t = (1 - EPS) * torch.rand(batch, 1, generator=generator) + EPS
+    masked = torch.rand(batch, length, generator=generator) < t
+    return Noise(masked, masked / (t * batch * length))
+
+
+def blockwise_noise(answers: torch.Tensor, eos_id: int, block_size: int, generator: torch.Generator) -> Noise:
+    """The states block-wise decoding meets: per row a block start ``c`` (up to the first end
+    token), the tokens before it clean, each token of ``[c, c + block_size)`` masked with
+    probability ``t ~ U(eps, 1)`` (``c`` itself always), every token after the block masked.
+    Only the block's masked tokens are targets, equally weighted: the sampler never commits a
+    token outside its block, so predicting those is not what it needs of the model."""
+    batch, length = answers.shape
+    columns = torch.arange(length)
+    first_end = torch.where(answers == eos_id, columns, length).min(-1).values
+    start = (torch.rand(batch, generator=generator) * (first_end.clamp(max=length - 1) + 1)).long()[:, None]
+    t = (1 - EPS) * torch.rand(batch, 1, generator=generator) + EPS
+    in_block = (columns >= start) & (columns < start + block_size)
+    targets = in_block & ((torch.rand(batch, length, generator=generator) < t) | (columns == start))
+    masked = targets | (columns >= start + block_size)
+    return Noise(masked, targets / targets.sum())
+
+
+def diffusion_loss(model: PreTrainedModel, rows: list[DiffusionRow], noise: Noise, mask_id: int, pad_id: int,
                    shift: bool = False, causal_prompt: bool = False) -> torch.Tensor:
-    """The LLaDA SFT loss of a batch: masked-token cross-entropy weighted by ``1 / t`` (with
-    ``shift``, each answer token is predicted from the column before it; with
-    ``causal_prompt``, only the answer attends bidirectionally)."""
+    """The weighted cross-entropy of the masked answer tokens that ``noise`` makes targets (with
+    ``shift``, each answer token is predicted from the column before it; with ``causal_prompt``,
+    only the answer attends bidirectionally)."""
     ids, attention = left_pad([r.prompt for r in rows], pad_id)
     answer_start = ids.shape[1]
     answers = torch.tensor([r.answer for r in rows])
-    batch, length = answers.shape
-    t = (1 - EPS) * torch.rand(batch, 1, generator=generator) + EPS
-    masked = torch.rand(batch, length, generator=generator) < t
-    noisy = torch.where(masked, torch.full_like(answers, mask_id), answers)
+    length = answers.shape[1]
+    noisy = torch.where(noise.masked, torch.full_like(answers, mask_id), answers)
     ids = torch.cat([ids, noisy], dim=1)
     attention = torch.cat([attention, torch.ones_like(answers)], dim=1)
     device = model.device
@@ -99,10 +133,10 @@ def diffusion_loss(model: PreTrainedModel, rows: list[DiffusionRow], mask_id: in
         attention_mask=(causal_prompt_mask(attention, dtype, answer_start) if causal_prompt else bidirectional_mask(attention, dtype)).to(device),
         position_ids=(attention.cumsum(-1) - 1).clamp(min=0).to(device),
     ).last_hidden_state[:, ids.shape[1] - length - int(shift):ids.shape[1] - int(shift)]
-    logits = model.get_output_embeddings()(hidden[masked.to(device)]).float()
-    losses = torch.nn.functional.cross_entropy(logits, answers.to(device)[masked.to(device)], reduction="none")
-    weights = (1 / t).expand(batch, length)[masked].to(device)
-    return (losses * weights).sum() / (batch * length)
+    targets = (noise.weights > 0).to(device)
+    logits = model.get_output_embeddings()(hidden[targets]).float()
+    losses = torch.nn.functional.cross_entropy(logits, answers.to(device)[targets], reduction="none")
+    return (losses * noise.weights.to(device)[targets]).sum()
 
 
 @dataclass
@@ -176,16 +210,21 @@ def save_diffusion_model(start: _Start, config: DiffusionConfig, labels: list[st
     else:
         trained = {k: v.half() for k, v in start.model.state_dict().items() if "lora_" in k}
         start.model.save_pretrained(folder, state_dict=trained)
-    NERModelConfig(name=config.name, labels=labels, base=SELF_CONTAINED if inner is None else config.init,
-                   language=inner.language if inner else "en", label_names=inner.label_names if inner else {},
-                   max_ar_tokens=config.answer_tokens, eos_token=start.tokenizer.eos_token, mask_token=start.tokenizer.mask_token,
-                   diffusion_shift=start.shift, diffusion_causal_prompt=start.causal_prompt, metrics={"decoder": "fast_dllm"}).write(folder)
+    diffusion = {"name": config.name, "max_ar_tokens": config.answer_tokens, "eos_token": start.tokenizer.eos_token,
+                 "mask_token": start.tokenizer.mask_token, "diffusion_shift": start.shift, "diffusion_causal_prompt": start.causal_prompt,
+                 "metrics": {"decoder": "fast_dllm"}}
+    if inner is None:
+        NERModelConfig(labels=labels, **diffusion).write(folder)
+    else:  # the windows, label names and language of the model it adapted
+        replace(inner, base=config.init, lud_placeholder=None, lud_unit_size=None, **diffusion).write(folder)
     (folder / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     start.model.train()
 
 
 def train_diffusion(config: DiffusionConfig) -> dict:
-    """Train until ``max_steps`` or ``max_minutes`` (cosine schedule over whichever ends first) and save."""
+    """Train until ``max_steps`` or ``max_minutes`` (cosine schedule over whichever ends first) and
+    save; every ``save_minutes`` a checkpoint that ``resume`` continues exactly, and a loadable
+    snapshot in ``snapshots/minute-N`` (the model's curve)."""
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
@@ -197,12 +236,20 @@ def train_diffusion(config: DiffusionConfig) -> dict:
     if start.adapted_from is not None:
         labels = start.adapted_from.labels or labels
     rows = [build_row(e, labels, tokenizer, config.answer_tokens) for e in tqdm(examples, desc="build rows", unit="text")]
-    mask_id, pad_id = int(tokenizer.mask_token_id), int(tokenizer.pad_token_id)
+    mask_id, pad_id, eos_id = int(tokenizer.mask_token_id), int(tokenizer.pad_token_id), int(tokenizer.eos_token_id)
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.01, betas=(0.9, 0.98))
     budget = config.max_minutes * 60 if config.max_minutes else math.inf
     max_steps = config.max_steps or 10**9
-    began = time.perf_counter()
+    output = Path(config.output)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i].prompt))  # similar prompt lengths share a batch
+    run = _RunState(batches=[order[i:i + config.batch_rows] for i in range(0, len(order), config.batch_rows)])
+    random.shuffle(run.batches)
+    if config.resume and (saved := load_checkpoint(output / "checkpoint", model, optimizer, None)) is not None:
+        run = _RunState(**saved["run"])
+        generator.set_state(saved["generator"])
+    clock = CheckpointClock(config.save_minutes)
+    began = time.perf_counter() - run.seconds
 
     def progress(step: int) -> float:
         return min(1.0, max(step / max_steps, (time.perf_counter() - began) / budget))
@@ -212,39 +259,52 @@ def train_diffusion(config: DiffusionConfig) -> dict:
             return config.lr * (step + 1) / config.warmup_steps
         return config.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress(step))))
 
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i].prompt))  # similar prompt lengths share a batch
-    batches = [order[i:i + config.batch_rows] for i in range(0, len(order), config.batch_rows)]
-    step, tokens, last_save, history = 0, 0, began, []
-    output = Path(config.output)
-    bar = tqdm(total=config.max_steps, desc="train-diffusion", unit="step")
-    while progress(step) < 1.0:
-        random.shuffle(batches)
-        for batch in batches:
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step)
-            loss = diffusion_loss(model, [rows[i] for i in batch], mask_id, pad_id, generator, start.shift, start.causal_prompt)
-            optimizer_step(loss, parameters, optimizer)
-            step += 1
-            tokens += sum(len(rows[i].prompt) + config.answer_tokens for i in batch)
-            seconds = time.perf_counter() - began
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{tokens / seconds:.0f}", min=f"{seconds / 60:.1f}")
-            if step % 50 == 0:
-                history.append({"step": step, "loss": round(loss.item(), 4), "minutes": round(seconds / 60, 2)})
-            if seconds - (last_save - began) > config.save_minutes * 60:
-                last_save = time.perf_counter()
-                summary = _summary(config, step, tokens, seconds, history)
-                save_diffusion_model(start, config, labels, output / "checkpoint", summary)
-            if progress(step) >= 1.0:
-                break
+    bar = tqdm(total=100, initial=round(100 * progress(run.step), 1), desc="train-diffusion", unit="%",
+               bar_format="{l_bar}{bar}| {n:.1f}/{total}% [{elapsed}<{remaining}{postfix}]")  # steps or minutes, whichever ends first
+    while progress(run.step) < 1.0:
+        batch = [rows[i] for i in run.batches[run.position]]
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(run.step)
+        answers = torch.tensor([r.answer for r in batch])
+        noise = (blockwise_noise(answers, eos_id, config.block_size, generator) if config.mask_schedule == "blockwise"
+                 else uniform_noise(answers.shape, generator))
+        loss = diffusion_loss(model, batch, noise, mask_id, pad_id, start.shift, start.causal_prompt)
+        optimizer_step(loss, parameters, optimizer)
+        run.step += 1
+        run.tokens += sum(len(r.prompt) + config.answer_tokens for r in batch)
+        run.position += 1
+        if run.position == len(run.batches):
+            run.position = 0
+            random.shuffle(run.batches)
+        run.seconds = time.perf_counter() - began
+        bar.update(round(100 * progress(run.step), 1) - bar.n)
+        bar.set_postfix(step=run.step, loss=f"{loss.item():.4f}", tok_s=f"{run.tokens / run.seconds:.0f}")
+        if run.step % 50 == 0:
+            run.history.append({"step": run.step, "loss": round(loss.item(), 4), "minutes": round(run.seconds / 60, 2)})
+        if clock.due() and progress(run.step) < 1.0:
+            save_checkpoint(output / "checkpoint", model, optimizer, None, {"run": asdict(run), "generator": generator.get_state()})
+            save_diffusion_model(start, config, labels, output / "snapshots" / f"minute-{round(run.seconds / 60)}", _summary(config, run))
+            clock.reset()
     bar.close()
-    seconds = time.perf_counter() - began
-    summary = _summary(config, step, tokens, seconds, history)
+    summary = _summary(config, run)
     save_diffusion_model(start, config, labels, output, summary)
     shutil.rmtree(output / "checkpoint", ignore_errors=True)
     return summary
 
 
-def _summary(config: DiffusionConfig, step: int, tokens: int, seconds: float, history: list[dict]) -> dict:
-    return {"config": asdict(config), "steps": step, "tokens": tokens, "train_seconds": round(seconds, 1),
-            "tokens_per_second": round(tokens / max(seconds, 1e-9), 1), "threads": torch.get_num_threads(), "history": history}
+@dataclass
+class _RunState:
+    """Where a run stands: what a checkpoint keeps besides the weights and the optimizer."""
+
+    batches: list[list[int]]
+    position: int = 0
+    step: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    history: list[dict] = field(default_factory=list)
+
+
+def _summary(config: DiffusionConfig, run: _RunState) -> dict:
+    return {"config": asdict(config), "steps": run.step, "tokens": run.tokens, "train_seconds": round(run.seconds, 1),
+            "tokens_per_second": round(run.tokens / max(run.seconds, 1e-9), 1), "threads": torch.get_num_threads(),
+            "history": run.history}
