@@ -179,6 +179,31 @@ def test_a_fresh_cache_gives_the_full_forward_logits(batch: dict, cache: str, sh
     torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("shift", [False, True])
+def test_a_causal_prompt_encoded_once_gives_the_full_forward(batch: dict, shift: bool) -> None:
+    """With a causal prompt the full forward of a block runs the answer alone against the
+    prompt's keys and values, computed once: the same hidden states and cache as running it all."""
+    sampler = BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache="dual", shift=shift, causal_prompt=True)
+    model = batch["model"]
+    ids, key_mask = left_pad(batch["prompts"], batch["eos_id"])
+    start = ids.shape[1]
+    ids = torch.cat([ids, torch.full((len(ids), 16), batch["mask_id"])], dim=1)
+    key_mask = torch.cat([key_mask, torch.ones(len(ids), 16, dtype=torch.long)], dim=1)
+    positions = (key_mask.cumsum(-1) - 1).clamp(min=0)
+    mask = causal_prompt_mask(key_mask, model.dtype, start)
+    rows = torch.tensor([3, 0])  # the rows still decoding
+    with torch.inference_mode():
+        prompt = sampler._encode_prompt(model, ids, positions, mask, start - int(shift))
+        whole, whole_kv, kept = sampler._full(model, ids[rows], positions[rows], key_mask[rows], mask[rows], start + 8, start + 16)
+        reused, reused_kv, _ = sampler._full(model, ids[rows], positions[rows], key_mask[rows], mask[rows], start + 8, start + 16,
+                                             prompt.for_rows(rows))
+    assert prompt.columns == start - int(shift)
+    torch.testing.assert_close(reused, whole, atol=2e-5, rtol=1e-4)
+    real = kept.bool()  # a padding column's keys are never attended
+    for mine, theirs in zip(reused_kv.layers, whole_kv.layers):
+        torch.testing.assert_close(mine.keys.transpose(1, 2)[real], theirs.keys.transpose(1, 2)[real], atol=2e-5, rtol=1e-4)
+
+
 def test_one_token_per_step_reproduces_the_baseline_sampler(batch: dict) -> None:
     baseline = _run(llada_sampler(block_size=8), batch)
     parallel = _run(BlockDiffusionSampler(8, ThresholdUnmasking(1.0), cache="none"), batch)

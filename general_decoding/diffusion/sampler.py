@@ -19,7 +19,8 @@ end token, it leaves the batch: its later blocks are filled with end tokens with
 model was trained when it was adapted from an autoregressive LM (Dream, DiffuLLaMA): the next-
 token head it came with is kept. The column left of the block then runs with the block.
 ``causal_prompt`` keeps the prompt causal (:func:`causal_prompt_mask`): only the answer is
-bidirectional, and the prompt's keys and values never change, so a prefix cache is exact.
+bidirectional, and the prompt's keys and values never change, so they are computed once
+(:class:`PromptCache`) and every full forward runs the answer alone against them, exactly.
 """
 
 from __future__ import annotations
@@ -52,6 +53,22 @@ class DiffusionOutput:
     def generated_tokens(self) -> int:
         """Answer tokens produced, the end token included."""
         return sum(len(t) + int(s) for t, s in zip(self.tokens, self.stopped))
+
+
+@dataclass(frozen=True)
+class PromptCache:
+    """The keys and values of a causal prompt's first ``columns`` columns, per layer, for every
+    row of the batch: computed once, copied for the rows still decoding before each full forward."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    columns: int
+
+    def for_rows(self, rows: torch.Tensor) -> DynamicCache:
+        """A new cache holding ``rows`` of the prompt, to run the answer against."""
+        cache = DynamicCache()
+        for index, (keys, values) in enumerate(self.layers):
+            cache.update(keys[rows], values[rows], index)
+        return cache
 
 
 @dataclass
@@ -88,6 +105,7 @@ class BlockDiffusionSampler:
         key_mask = torch.cat([key_mask, torch.ones(len(prompts), answer_length, dtype=torch.long)], dim=1).to(device)
         positions = (key_mask.cumsum(-1) - 1).clamp(min=0)
         full_mask = self._mask(key_mask, dtype, start_answer).to(device)
+        prompt = self._encode_prompt(model, ids, positions, full_mask, start_answer - int(self.shift)) if self.causal_prompt else None
         logprobs = torch.zeros(ids.shape, dtype=torch.float32, device=device)
         out = DiffusionOutput([], [], [])
         for start, end in block_bounds(start_answer, answer_length, self.block_size):
@@ -98,7 +116,7 @@ class BlockDiffusionSampler:
             active = (~done).nonzero().squeeze(-1)  # finished rows leave the batch
             block_ids, block_logprobs = ids[active], logprobs[active]
             step = self._block(model, block_ids, positions[active], key_mask[active], full_mask[active], block_logprobs, start_answer, start, end,
-                               mask_id)
+                               mask_id, None if prompt is None else (prompt, active))
             ids[active], logprobs[active] = block_ids, block_logprobs
             out.forward_passes += step
             out.steps_per_block.append(step)
@@ -116,14 +134,27 @@ class BlockDiffusionSampler:
             return causal_prompt_mask(key_mask, dtype, answer_start, query_columns, key_columns)
         return bidirectional_mask(key_mask, dtype, queries=None if query_columns is None else len(query_columns))
 
+    def _encode_prompt(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, full_mask: torch.Tensor,
+                       columns: int) -> PromptCache | None:
+        """Run the causal prompt's first ``columns`` columns once and keep their keys and values."""
+        if columns < 1:
+            return None
+        cache = DynamicCache()
+        model.get_decoder()(input_ids=ids[:, :columns], attention_mask=full_mask[:, :, :columns, :columns], position_ids=positions[:, :columns],
+                            cache=cache, use_cache=True)
+        return PromptCache([(layer.keys, layer.values) for layer in cache.layers], columns)
+
     def _block(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor, full_mask: torch.Tensor,
-               logprobs: torch.Tensor, answer_start: int, start: int, end: int, mask_id: int) -> int:
-        """Unmask columns ``[start, end)`` of every row in place; return the steps (forwards) taken."""
+               logprobs: torch.Tensor, answer_start: int, start: int, end: int, mask_id: int,
+               prompt: tuple[PromptCache, torch.Tensor] | None = None) -> int:
+        """Unmask columns ``[start, end)`` of every row in place; return the steps (forwards)
+        taken. ``prompt``: the batch's prompt cache and which of its rows these are."""
         initial = (ids[:, start:end] == mask_id).sum(-1)
         step, cache, cached_mask = 0, None, None
         while (masked := ids[:, start:end] == mask_id).any():
             if self.cache == "none" or cache is None or (self.refresh_every and step % self.refresh_every == 0):
-                hidden, cache, cached_mask = self._full(model, ids, positions, key_mask, full_mask, start, end)
+                hidden, cache, cached_mask = self._full(model, ids, positions, key_mask, full_mask, start, end,
+                                                        None if prompt is None else prompt[0].for_rows(prompt[1]))
             else:
                 hidden = self._cached(model, ids, positions, key_mask, cache, cached_mask, start, end, answer_start)
             logits = model.get_output_embeddings()(hidden).float()
@@ -136,17 +167,20 @@ class BlockDiffusionSampler:
         return step
 
     def _full(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
-              full_mask: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, DynamicCache | None, torch.Tensor | None]:
-        """Run the whole sequence; return the hidden states that predict the block and, when
-        caching, the keys/values of the columns the cache keeps (and their padding mask)."""
+              full_mask: torch.Tensor, start: int, end: int, prompt: DynamicCache | None = None,
+              ) -> tuple[torch.Tensor, DynamicCache | None, torch.Tensor | None]:
+        """Run the whole sequence (after the columns ``prompt`` holds, against them); return the
+        hidden states that predict the block and, when caching, the keys/values of the columns
+        the cache keeps (and their padding mask)."""
         use_cache = self.cache != "none"
         lead = start - int(self.shift)  # first column that runs with the block
-        result = model.get_decoder()(input_ids=ids, attention_mask=full_mask, position_ids=positions,
-                                     cache=DynamicCache() if use_cache else None, use_cache=use_cache)
-        hidden = result.last_hidden_state[:, lead:end - int(self.shift)]
+        first = 0 if prompt is None else prompt.get_seq_length()
+        cache = prompt if prompt is not None else DynamicCache() if use_cache else None
+        result = model.get_decoder()(input_ids=ids[:, first:], attention_mask=full_mask[:, :, first:], position_ids=positions[:, first:],
+                                     cache=cache, use_cache=cache is not None)
+        hidden = result.last_hidden_state[:, lead - first:end - int(self.shift) - first]
         if not use_cache:
             return hidden, None, None
-        cache = result.cache
         columns = self._cached_columns(start, end, ids.shape[1])
         keep_columns(cache, columns)
         return hidden, cache, key_mask[:, columns]
