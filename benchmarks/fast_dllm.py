@@ -102,7 +102,7 @@ def plot(path: Path, results: list[dict], reference_f1: float | None, title: str
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__, "fast_dllm", 200, model=f"runs/{RECIPE}",
+    parser = benchmark_parser(__doc__, "fast_dllm", 200, model=RECIPE,
                               model_help=f"a diffusion NER model, from padellm-ner train --recipe {RECIPE} or train-diffusion")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--padellm", default="en-conll03", help="PaDeLLM model scored on the same texts ('' to skip)")

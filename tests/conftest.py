@@ -16,6 +16,7 @@ os.environ["PIPELINE_CHUNK_SIZE"] = "4"
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PADELLM_DATA", REPO.parent / "shared" / "data"))
 SHIPPED_EN = REPO / "ner_service" / "shipped_models" / "en-conll03" / "ner_model.json"
+SHIPPED_DIFFUSION = REPO / "ner_service" / "shipped_models" / "en-conll03-diffusion" / "ner_model.json"
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +40,12 @@ def en_engine():
     from ner_service.engine import NEREngine
 
     return NEREngine.load("en-conll03")
+
+
+@pytest.fixture(scope="session")
+def diffusion_en_engine():
+    if not SHIPPED_DIFFUSION.is_file():
+        pytest.skip("the shipped en-conll03-diffusion model is not in this checkout")
+    from ner_service.engine import NEREngine
+
+    return NEREngine.load("en-conll03-diffusion")

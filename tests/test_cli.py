@@ -153,3 +153,13 @@ def test_a_trained_adapter_names_its_base_as_given_and_has_a_model_card(tmp_path
     assert str(Path.home()) not in card and "converted" not in card
     served = run("extract", "--model", str(output), "Take 40 mg aspirin")  # the folder still loads on the alias
     assert served.returncode == 0 and json.loads(served.stdout)["stats"]["forward_passes"] > 0, served.stderr
+
+
+@pytest.mark.slow
+def test_the_diffusion_model_extracts_with_fast_dllm(diffusion_en_engine) -> None:
+    text = "Angela Merkel met Emmanuel Macron in Paris ."
+    done = run("extract", "--model", "en-conll03-diffusion", "--strategy", "fast_dllm", text)
+    assert done.returncode == 0, done.stderr
+    entities = [(e["start"], e["end"], e["label"]) for e in json.loads(done.stdout)["entities"]]
+    [expected] = diffusion_en_engine.extract([text], strategy="fast_dllm")
+    assert entities == [(e.start, e.end, e.label) for e in expected.entities] and ("Paris", "LOC") in {(e.text, e.label) for e in expected.entities}

@@ -293,6 +293,7 @@ def test_an_adapted_ner_model_trains_a_stacked_adapter_that_decodes(tmp_path: Pa
     config = NERModelConfig.read(tmp_path / "model")
     assert (config.base, config.mask_token, config.diffusion_shift, config.diffusion_causal_prompt) == (str(ar_model), "^", True, True)
     assert (config.sentence_windows, config.window_tokens, config.max_ar_tokens) == (True, 24, 12)  # it reads the windows it was adapted on
+    assert json.loads((tmp_path / "model" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(ar_model)
     assert (tmp_path / "model" / "adapter_model.safetensors").is_file() and not (tmp_path / "model" / "model.safetensors").exists()
     engine = NEREngine.load(tmp_path / "model")
     assert engine.ner_model.tokenizer.mask_token_id == engine.ner_model.tokenizer.convert_tokens_to_ids("^")

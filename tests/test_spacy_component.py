@@ -152,6 +152,15 @@ def test_the_lexical_unit_model_runs_in_the_pipe_with_the_entities_of_its_base(e
 
 
 @pytest.mark.slow
+def test_the_diffusion_model_runs_in_the_pipe_with_fast_dllm(diffusion_en_engine: NEREngine) -> None:
+    nlp = spacy.blank("en")
+    nlp.add_pipe(FACTORY, config={"model": "en-conll03-diffusion", "strategy": "fast_dllm"})
+    doc = nlp(SENTENCE)
+    [expected] = diffusion_en_engine.extract([SENTENCE], strategy="fast_dllm")
+    assert _ents(doc) == [(e.text, e.label) for e in expected.entities] and ("Paris", "LOC") in _ents(doc)
+
+
+@pytest.mark.slow
 @needs_en
 def test_chinese_pipeline_uses_character_offsets() -> None:
     # no Chinese model yet: the English model on text that the Chinese tokenizer splits into characters

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from ner_service.engine import DEFAULT_DECODER, NEREngine, NERModelConfig, shipped_model_names
 from ner_service.engine.ner_model import resolve_ner_model
 from tests.api.conftest import TINY
-from tests.conftest import SHIPPED_EN
+from tests.conftest import SHIPPED_DIFFUSION, SHIPPED_EN
 
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "BRUSSELS 1996-08-22"]
 
@@ -130,6 +130,23 @@ def test_a_real_entity_with_the_english_model(make_client) -> None:
     assert response.status_code == 200, response.text
     found = {(e["text"], e["label"]) for e in response.json()["results"][0]["entities"]}
     assert ("Angela Merkel", "PER") in found and ("Paris", "LOC") in found
+
+
+@pytest.mark.slow
+def test_the_diffusion_model_answers_fast_dllm_and_an_ar_model_names_it(make_client) -> None:
+    if not SHIPPED_DIFFUSION.is_file():
+        pytest.skip("the shipped en-conll03-diffusion model is not in this checkout")
+    client = make_client(ner_request_timeout_s=300.0)
+    text = "Angela Merkel met Emmanuel Macron in Paris ."
+    response = client.post("/v1/entities", json={"text": text, "model": "en-conll03-diffusion", "strategy": "fast_dllm"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["model"], body["strategy"]) == ("en-conll03-diffusion", "fast_dllm")
+    entities = body["results"][0]["entities"]
+    assert ("Paris", "LOC") in {(e["text"], e["label"]) for e in entities}
+    assert all(text[e["start"]:e["end"]] == e["text"] for e in entities)
+    refused = client.post("/v1/entities", json={"text": text, "strategy": "fast_dllm"})  # the default model is autoregressive
+    assert refused.status_code == 422 and "the shipped ones: en-conll03-diffusion" in refused.text, refused.text
 
 
 def test_language_picks_its_default_model_and_model_wins(client: TestClient) -> None:

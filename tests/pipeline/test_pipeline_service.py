@@ -221,3 +221,19 @@ def test_documents_go_to_the_model_of_their_language(sessions, tiny_engine) -> N
         # each document is current under its own language's model: nothing to reprocess
         assert crud.documents_to_run(session, lambda language: routing.version_for(pool, language), reprocess=True) == []
         assert crud.documents_to_run(session, lambda _: english_version, reprocess=True) == [ids[1]]
+
+
+@pytest.mark.slow
+def test_a_fast_dllm_job_on_the_diffusion_model_stores_its_entities(sessions, diffusion_en_engine) -> None:
+    texts = ["Angela Merkel met Emmanuel Macron in Paris .", "Nothing to see here ."]
+    with sessions.begin() as session:
+        ids = crud.add_documents(session, [crud.NewDocument(t, source="test") for t in texts])
+        job_id = crud.create_job(session, ids, model_version(diffusion_en_engine), strategy="fast_dllm").id
+    status = run_job(sessions, EnginePool.serving(diffusion_en_engine), job_id, chunk_size=2)
+    assert (status["status"], status["processed"], status["failed"]) == ("completed", 2, 0)
+    expected = diffusion_en_engine.extract(texts, strategy="fast_dllm")
+    assert expected[0].entities
+    with sessions() as session:
+        for doc_id, result in zip(ids, expected):
+            found = crud.document_entities(session, doc_id)
+            assert [(e.start, e.end, e.label) for e in found.entities] == sorted((e.start, e.end, e.label) for e in result.entities)
