@@ -48,8 +48,10 @@ class Run:
 
 
 def measure(lud: NEREngine, reference: NEREngine, lud_decoders: dict[str, Decoder], texts: list[str], strategy: str,
-            batch_size: int) -> dict[str, Run]:
-    runs = {name: Run(reference, name) for name in REFERENCES} | {name: Run(lud, d) for name, d in lud_decoders.items()}
+            batch_size: int, references: tuple[str, ...] = REFERENCES) -> dict[str, Run]:
+    """Every decoder over ``texts`` in batches, interleaved batch by batch: the reference
+    model's ``references`` and the LUD model's ``lud_decoders``."""
+    runs = {name: Run(reference, name) for name in references} | {name: Run(lud, d) for name, d in lud_decoders.items()}
     for run in runs.values():  # warm-up
         run.engine.extract(texts[:batch_size], strategy=strategy, decoder=run.decoder)
     for start in tqdm(range(0, len(texts), batch_size), desc=f"{strategy} batch {batch_size}", unit="batch"):

@@ -157,6 +157,28 @@ def test_lud_times_every_decoder_for_both_strategies_at_each_batch_size(tmp_path
             assert row["micro_f1"] == runs[strategy, batch, "greedy"]["micro_f1"]
 
 
+def test_lud_curve_scores_every_snapshot_of_a_run_and_its_final_model(tmp_path: Path, data_dir: Path) -> None:
+    from training.configs import LUDConfig
+    from training.lexical_units import train_lud
+
+    run = tmp_path / "tiny-lud"
+    train_lud(LUDConfig(model="tiny-conll03", train=str(data_dir / "conll2003" / "train.txt"), output=str(run),
+                        placeholder="<eos>", limit=8, max_steps=2, top_layers=1, checkpoint_minutes=0))
+    out = tmp_path / "curve.json"
+    report = _report(_run("lud_curve.py", "--run", str(run), "--limit", "3", "--data", str(data_dir / "conll2003" / "dev.txt"),
+                          "--json", str(out)), out)
+    rows = report["results"]
+    assert [(r["snapshot"], r["decoder"]) for r in rows] == [
+        ("minute-0", "greedy"), ("minute-0", "lud"), ("minute-0", "lud (0.9)"), ("final", "lud"), ("final", "lud (0.9)")]
+    assert all(r["tokens_per_forward"] > 0 for r in rows)
+    assert all(r["micro_f1"] == rows[0]["micro_f1"] for r in rows if r["decoder"] == "lud")  # verified units: greedy's entities
+
+
+def test_lud_curve_without_a_run_says_which_command_writes_one(tmp_path: Path) -> None:
+    line = _one_line_exit(_run("lud_curve.py", "--run", str(tmp_path / "none"), "--json", str(tmp_path / "x.json")))
+    assert "padellm-ner train --recipe en-conll03-lud" in line and not (tmp_path / "x.json").exists()
+
+
 def test_training_speed_measures_the_arms_and_draws_the_curve(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "training_speed.json"
     report = _report(_run("training_speed.py", "--base", str(TINY), "--data", str(data_dir), "--limit", "8", "--steps", "1",

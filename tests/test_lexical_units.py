@@ -147,6 +147,25 @@ def test_train_lud_saves_a_stacked_model_that_decodes(tmp_path, data_dir) -> Non
         assert [r.entities for r in verified] == [r.entities for r in got]
 
 
+def test_snapshots_load_and_leave_the_run_as_it_would_have_been(tmp_path, data_dir) -> None:
+    """A snapshot at every step (checkpoint clock 0) is a loadable model, and saving it leaves
+    the weights in training untouched: the final adapter equals a run that took none."""
+    from safetensors.torch import load_file
+
+    finals = {}
+    for minutes in (0.0, 10.0):
+        output = tmp_path / f"lud-{minutes}"
+        train_lud(LUDConfig(model="tiny-conll03", train=str(data_dir / "conll2003" / "train.txt"), output=str(output), name="tiny-lud",
+                            placeholder="<eos>", limit=12, max_steps=3, top_layers=1, checkpoint_minutes=minutes))
+        finals[minutes] = load_file(output / "adapter_model.safetensors")
+    snapshots = sorted((tmp_path / "lud-0.0" / "snapshots").iterdir())
+    assert [s.name for s in snapshots] == ["minute-0"] and not (tmp_path / "lud-10.0" / "snapshots").exists()
+    last = load_file(snapshots[0] / "adapter_model.safetensors")
+    assert finals[0.0].keys() == finals[10.0].keys() == last.keys()
+    assert all(torch.equal(finals[0.0][k], finals[10.0][k]) and torch.equal(last[k], finals[0.0][k]) for k in last)
+    assert NEREngine.load(snapshots[0]).extract(TEXTS[:1], strategy="ar", decoder="lud")[0].entities is not None
+
+
 def test_the_shipped_lud_model_answers_as_its_base_in_fewer_forwards(en_engine) -> None:
     """en-conll03-lud's units are verified, so its AR answers are en-conll03's greedy ones, found
     in fewer forwards; with the paper's unverified acceptance they are not guaranteed to be."""

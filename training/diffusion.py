@@ -46,6 +46,7 @@ from training.configs import INITS, DiffusionConfig
 from training.tiny_model import build_tokenizer
 from training.checkpoints import CheckpointClock, load_checkpoint, save_checkpoint
 from training.loss import optimizer_step
+from training.trainer import save_adapter
 
 MASK = "<mask>"
 EPS = 1e-3
@@ -208,10 +209,7 @@ def save_diffusion_model(start: _Start, config: DiffusionConfig, labels: list[st
         start.model.save_pretrained(folder)
         start.tokenizer.save_pretrained(folder)
     else:
-        trained = {k: v.half() for k, v in start.model.state_dict().items() if "lora_" in k}
-        for adapter in start.model.peft_config.values():  # the model it adapted as named, not where it was found here
-            adapter.base_model_name_or_path = config.init
-        start.model.save_pretrained(folder, state_dict=trained, save_embedding_layers=False)
+        save_adapter(start.model, config.init, folder)
     diffusion = {"name": config.name, "max_ar_tokens": config.answer_tokens, "eos_token": start.tokenizer.eos_token,
                  "mask_token": start.tokenizer.mask_token, "diffusion_shift": start.shift, "diffusion_causal_prompt": start.causal_prompt,
                  "metrics": {"decoder": "fast_dllm"}}

@@ -11,7 +11,8 @@ A LoRA adapter on the top layers learns this and applies at placeholder columns 
 computes exactly what the NER model computes, so the loss is taken on placeholder targets only,
 and decoding's greedy token of each forward stays the NER model's. The frozen layers below run
 once per row (:class:`training.top_layers.FrozenHidden`); the loop checkpoints and resumes
-(:mod:`training.loop`).
+(:mod:`training.loop`), writing a loadable snapshot at every timed checkpoint
+(``snapshots/minute-N``, the points of the model's curve).
 
 The result is an NER model folder stacked on the model it was trained from (``ner_model.json``
 ``base``) whose ``lud_placeholder`` names the placeholder token, for
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -128,13 +129,17 @@ def train_lud(config: LUDConfig) -> dict:
         hidden = frozen.padded(batch) if frozen is not None else None
         return packed_loss(model, ids, positions, mask, [rows[i].targets for i in batch], frozen_hidden=hidden, first_layer=first_layer)
 
-    state = run_loop(model, [len(r.input_ids) for r in rows], batch_loss, settings, setup_seconds=setup_seconds, description="train-lud")
+    def save(folder: Path) -> None:
+        save_adapter(model, config.model, folder)
+        replace(ner.config, name=config.name, base=config.model, metrics={}, lud_placeholder=config.placeholder,
+                lud_unit_size=config.unit_size).write(folder)
 
-    save_adapter(model, config.model, output)
-    ner_config = ner.config
-    ner_config.name, ner_config.base, ner_config.metrics = config.name, config.model, {}
-    ner_config.lud_placeholder, ner_config.lud_unit_size = config.placeholder, config.unit_size
-    ner_config.write(output)
+    def snapshot(state: dict) -> None:
+        save(output / "snapshots" / f"minute-{round(state['seconds'] / 60)}")
+
+    state = run_loop(model, [len(r.input_ids) for r in rows], batch_loss, settings, setup_seconds=setup_seconds, description="train-lud",
+                     snapshot=snapshot)
+    save(output)
     summary = {"config": asdict(config), "rows": len(rows), "placeholder_targets": sum(r.placeholders for r in rows),
                "steps": state["step"], "tokens": state["tokens"], "train_seconds": round(state["seconds"], 1),
                "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1)}

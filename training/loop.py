@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 BatchLoss = Callable[[list[int]], torch.Tensor]
 #: Dev scores of the model as it is now (called at each epoch's end and at the run's end).
 Evaluation = Callable[[], dict]
+#: Called with the run's state after each timed checkpoint: a trainer saves a loadable snapshot.
+Snapshot = Callable[[dict], None]
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,12 @@ def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
 
 
 def run_loop(model: torch.nn.Module, lengths: Sequence[int], batch_loss: BatchLoss, settings: LoopSettings,
-             evaluate: Evaluation | None = None, setup_seconds: float = 0.0, description: str = "train") -> dict:
+             evaluate: Evaluation | None = None, setup_seconds: float = 0.0, description: str = "train",
+             snapshot: Snapshot | None = None) -> dict:
     """Optimise the trainable parameters of ``model`` over rows of ``lengths`` and return the run's
     state: ``step``, ``tokens``, ``seconds`` (of training, ``setup_seconds`` included) and ``history``
-    (the dev scores after each epoch). With ``settings.resume`` it starts from the last checkpoint."""
+    (the dev scores after each epoch). With ``settings.resume`` it starts from the last checkpoint;
+    ``snapshot`` runs after every checkpoint written on the clock (the points of a curve)."""
     steps_per_epoch = len(length_batches(list(lengths), settings.batch_tokens, settings.seed))
     total_steps = settings.max_steps or max(1, math.ceil(steps_per_epoch * settings.epochs))
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -104,6 +108,8 @@ def run_loop(model: torch.nn.Module, lengths: Sequence[int], batch_loss: BatchLo
             bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{timed_tokens / timed_seconds:.0f}")
             if clock.due():
                 save_checkpoint(folder, model, optimizer, scheduler, state)
+                if snapshot is not None:
+                    snapshot(state)
                 clock.reset()
             if finished():
                 break

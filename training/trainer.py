@@ -180,15 +180,14 @@ def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, confi
 
 def save_adapter(model: torch.nn.Module, base: str, output: Path) -> None:
     """Write a peft model's trained adapter to ``output`` in fp16, naming ``base`` as given (an
-    alias, a shipped name or a path), never the folder it resolved to on this machine."""
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            parameter.data = parameter.data.to(torch.float16)
+    alias, a shipped name or a path), never the folder it resolved to on this machine. The model
+    itself is left as it was, so a run can save snapshots and go on training."""
+    trained = {name: parameter.detach().half() for name, parameter in model.named_parameters() if parameter.requires_grad}
     for adapter in model.peft_config.values():
         adapter.base_model_name_or_path = base
     # training keeps the base's vocabulary: no embeddings to save, and no look-up of the base's
     # config.json (by the name as given, which peft would try on the Hugging Face Hub)
-    model.save_pretrained(output, save_embedding_layers=False)
+    model.save_pretrained(output, state_dict=trained, save_embedding_layers=False)
 
 
 def model_card(config: TrainConfig, labels: list[str], summary: dict) -> str:
