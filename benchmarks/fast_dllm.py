@@ -2,9 +2,10 @@
 
 Variants, each at every block size: ``baseline`` (fixed steps per block, one token per step,
 no cache), ``+cache`` (prefix or dual KV cache, same steps), ``+parallel`` (confidence
-threshold, or the factor rule, no cache) and ``+both`` (dual cache and threshold). All run
-through the engine (``decoder="fast_dllm"``) on the same CoNLL-03 dev batches, interleaved,
-so that load on the machine hits every variant alike. Per variant: span micro-F1,
+threshold, or the factor rule, no cache), ``+both`` (dual cache and threshold) and ``+both (left
+to right)`` (dual cache, the threshold over the run after the first masked position: the engine's
+default). All run through the engine (``decoder="fast_dllm"``) on the same CoNLL-03 dev
+batches, interleaved, so that load on the machine hits every variant alike. Per variant: span micro-F1,
 generated answer tokens per second, texts per second, forward passes per text and the
 speed-up over the baseline sampler of the same block size. Optionally the PaDeLLM model
 (en-conll03) is scored on the same texts for reference.
@@ -30,6 +31,7 @@ from general_decoding.diffusion import (  # noqa: E402
     BlockDiffusionSampler,
     FactorUnmasking,
     ThresholdUnmasking,
+    fast_dllm_sampler,
     llada_sampler,
 )
 from ner_service.engine import NEREngine  # noqa: E402
@@ -64,6 +66,7 @@ def variants(block_sizes: list[int], thresholds: list[float]) -> list[Variant]:
         for threshold in thresholds:
             out.append(Variant("+parallel", size, BlockDiffusionSampler(size, ThresholdUnmasking(threshold)), threshold=threshold))
             out.append(Variant("+both", size, BlockDiffusionSampler(size, ThresholdUnmasking(threshold), cache="dual"), threshold=threshold))
+            out.append(Variant("+both (left to right)", size, fast_dllm_sampler(size, threshold, "dual", left_to_right=True), threshold=threshold))
         out.append(Variant("+both (prefix)", size, BlockDiffusionSampler(size, ThresholdUnmasking(0.9), cache="prefix"), threshold=0.9))
         out.append(Variant("+parallel (factor)", size, BlockDiffusionSampler(size, FactorUnmasking(FACTOR)), factor=FACTOR))
         out.append(Variant("+both (factor)", size, BlockDiffusionSampler(size, FactorUnmasking(FACTOR), cache="dual"), factor=FACTOR))
@@ -78,11 +81,11 @@ def plot(path: Path, results: list[dict], reference_f1: float | None, title: str
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(8, 5))
-    markers = {"baseline": "o", "+cache": "s", "+parallel": "^", "+both": "*"}
+    markers = {"baseline": "o", "+cache": "s", "+parallel": "^", "+both": "*", "left to right": "P"}
     colours = dict(zip(BLOCK_SIZES, ["#4c72b0", "#dd8452", "#55a868"]))
     for row in results:
-        kind = row["variant"].split(" ")[0]
-        axis.scatter(row["speedup"], row["f1"], marker=markers[kind], color=colours[row["block_size"]], s=70 if kind == "+both" else 40)
+        kind = "left to right" if "left to right" in row["variant"] else row["variant"].split(" ")[0]
+        axis.scatter(row["speedup"], row["f1"], marker=markers[kind], color=colours[row["block_size"]], s=40 if kind[0] == "+" and kind != "+both" else 70)
     for kind, marker in markers.items():
         axis.scatter([], [], marker=marker, color="grey", label=kind)
     for size, colour in colours.items():

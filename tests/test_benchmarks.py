@@ -139,6 +139,18 @@ def test_a_benchmark_whose_model_is_missing_names_the_command_that_builds_it(tmp
     assert not (tmp_path / "x.json").exists()
 
 
+def test_fast_dllm_times_every_sampler_against_lladas_on_the_shipped_diffusion_model(tmp_path: Path, data_dir: Path) -> None:
+    if not (REPO / "ner_service" / "shipped_models" / "en-conll03-diffusion" / "ner_model.json").is_file():
+        pytest.skip("the shipped en-conll03-diffusion model is not in this checkout")
+    out = tmp_path / "fast_dllm.json"
+    report = _report(_run("fast_dllm.py", "--limit", "2", "--batch-size", "2", "--block-sizes", "8", "--thresholds", "0.9", "--padellm", "",
+                          "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    rows = {row["variant"]: row for row in report["results"]}
+    assert {"baseline", "+cache (dual)", "+both", "+both (left to right)", "+both (factor)"} <= set(rows)
+    assert rows["baseline"]["speedup"] == 1.0
+    assert rows["+both (left to right)"]["forwards_per_text"] < rows["baseline"]["forwards_per_text"]
+
+
 def test_lud_times_every_decoder_for_both_strategies_at_each_batch_size(tmp_path: Path, data_dir: Path) -> None:
     from training.configs import LUDConfig
     from training.lexical_units import train_lud

@@ -15,10 +15,12 @@ from general_decoding.diffusion import (
     BlockDiffusionSampler,
     FactorUnmasking,
     FixedStepsUnmasking,
+    LeftToRightUnmasking,
     ThresholdUnmasking,
     bidirectional_mask,
     block_bounds,
     causal_prompt_mask,
+    fast_dllm_sampler,
     llada_sampler,
 )
 from ner_service.engine import NEREngine, prompts
@@ -136,6 +138,16 @@ def test_threshold_takes_everything_above_it_and_at_least_one() -> None:
     assert one.sum(-1).tolist() == [1, 1, 0]
 
 
+def test_left_to_right_takes_the_first_masked_position_and_the_confident_run_after_it() -> None:
+    confidence = torch.tensor([[0.2, 0.95, 0.3, 0.99, 0.99], [0.99, 0.99, 0.95, 0.5, 0.99], [0.1, 0.1, 0.1, 0.1, 0.1]])
+    masked = torch.tensor([[True, True, True, True, True], [False, True, False, True, True], [False, False, False, False, False]])
+    chosen = LeftToRightUnmasking(0.9).select(confidence, masked, 0, masked.sum(-1))
+    # row 0: the first position (however unsure), then 0.95; 0.3 ends the run, 0.99 after it waits
+    # row 1: position 1 first; position 2 is known, so the run goes on to 3, which is below the threshold
+    assert chosen.tolist() == [[True, True, False, False, False], [False, True, False, False, False], [False] * 5]
+    assert LeftToRightUnmasking(1.0).select(confidence, masked, 0, masked.sum(-1)).sum(-1).tolist() == [1, 1, 0]
+
+
 def test_factor_rule_accepts_the_leading_run_that_meets_its_bound() -> None:
     # bounds for factor 1: n=1 -> 0.5, n=2 -> 0.667, n=3 -> 0.75, n=4 -> 0.8
     confidence = torch.tensor([[0.9, 0.7, 0.76, 0.1], [0.4, 0.3, 0.2, 0.1], [0.8, 0.9, 0.1, 0.76]])
@@ -218,6 +230,16 @@ def test_padding_in_a_batch_does_not_change_a_row(batch: dict) -> None:
     assert alone.tokens[0] == together.tokens[3]
 
 
+@pytest.mark.parametrize("unmasking", [ThresholdUnmasking(0.9), LeftToRightUnmasking(0.9)], ids=["threshold", "left-to-right"])
+def test_each_row_of_a_cached_batch_gets_the_answer_it_gets_alone(batch: dict, unmasking) -> None:
+    # rows finish a block at different steps and leave the cached steps; the others go on exactly
+    sampler = BlockDiffusionSampler(8, unmasking, cache="dual")
+    together = _run(sampler, batch)
+    assert len(set(map(len, together.tokens))) > 1, "the rows should end at different lengths"
+    for row in range(len(TEXTS)):
+        assert _run(sampler, batch, slice(row, row + 1)).tokens[0] == together.tokens[row]
+
+
 def test_fast_dllm_never_needs_more_forwards_than_the_baseline(batch: dict) -> None:
     baseline = _run(llada_sampler(block_size=8), batch)
     fast = _run(BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache="dual"), batch)
@@ -242,6 +264,21 @@ def test_engine_decoder_fast_dllm_returns_aligned_entities(diffusion_engine: NER
         assert result.stats.forward_passes > 0
     only_per = diffusion_engine.extract(TEXTS, labels=["PER"], strategy="fast_dllm")
     assert all(e.label == "PER" for r in only_per for e in r.entities)
+
+
+def test_the_default_sampler_reads_left_to_right_where_scattered_tokens_disagree(diffusion_en_engine: NEREngine) -> None:
+    # a dev sentence where the paper's threshold rule unmasks "Peter" twice (each copy unsure of
+    # the other) and cuts "Headingley"; the engine's left-to-right run reads it as one token at a time does
+    text = ("Essex , however , look certain to regain their top spot after Nasser Hussain and Peter Such gave them a firm grip "
+            "on their match against Yorkshire at Headingley .")
+    found = {(e.text, e.label) for e in diffusion_en_engine.extract([text], strategy="fast_dllm")[0].entities}
+    assert {("Nasser Hussain", "PER"), ("Peter Such", "PER"), ("Headingley", "LOC")} <= found
+    diffusion_en_engine.diffusion_sampler = fast_dllm_sampler(8, 0.9, "dual")
+    try:
+        scattered = {(e.text, e.label) for e in diffusion_en_engine.extract([text], strategy="fast_dllm")[0].entities}
+    finally:
+        diffusion_en_engine.diffusion_sampler = None
+    assert ("Peter Such", "PER") not in scattered
 
 
 def test_fast_dllm_refuses_a_model_without_a_mask_token(tiny_engine: NEREngine) -> None:

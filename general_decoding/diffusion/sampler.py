@@ -32,8 +32,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from general_decoding.base import left_pad
 from general_decoding.diffusion.layout import bidirectional_mask, block_bounds, causal_prompt_mask
-from general_decoding.diffusion.unmasking import FixedStepsUnmasking, ThresholdUnmasking, Unmasking
-from general_decoding.kv_cache import keep_columns, keep_first
+from general_decoding.diffusion.unmasking import FixedStepsUnmasking, LeftToRightUnmasking, ThresholdUnmasking, Unmasking
+from general_decoding.kv_cache import keep_columns, keep_first, keep_rows
 
 CACHE_MODES = ("none", "prefix", "dual")
 
@@ -148,23 +148,41 @@ class BlockDiffusionSampler:
                logprobs: torch.Tensor, answer_start: int, start: int, end: int, mask_id: int,
                prompt: tuple[PromptCache, torch.Tensor] | None = None) -> int:
         """Unmask columns ``[start, end)`` of every row in place; return the steps (forwards)
-        taken. ``prompt``: the batch's prompt cache and which of its rows these are."""
+        taken. ``prompt``: the batch's prompt cache and which of its rows these are. A row whose
+        block is complete leaves the cached steps (rows never attend to each other, so this is
+        exact); a full forward runs every row."""
         initial = (ids[:, start:end] == mask_id).sum(-1)
         step, cache, cached_mask = 0, None, None
+        rows = torch.arange(ids.shape[0], device=ids.device)  # the rows the cache holds
         while (masked := ids[:, start:end] == mask_id).any():
             if self.cache == "none" or cache is None or (self.refresh_every and step % self.refresh_every == 0):
+                rows = torch.arange(ids.shape[0], device=ids.device)
                 hidden, cache, cached_mask = self._full(model, ids, positions, key_mask, full_mask, start, end,
                                                         None if prompt is None else prompt[0].for_rows(prompt[1]))
             else:
-                hidden = self._cached(model, ids, positions, key_mask, cache, cached_mask, start, end, answer_start)
-            logits = model.get_output_embeddings()(hidden).float()
-            logits[..., mask_id] = -torch.inf  # a position is never "unmasked" to the mask token
-            confidence, tokens = logits.softmax(-1).max(-1)
-            chosen = self.unmasking.select(confidence.cpu(), masked.cpu(), step, initial.cpu()).to(ids.device)
-            ids[:, start:end] = torch.where(chosen, tokens, ids[:, start:end])
-            logprobs[:, start:end] = torch.where(chosen, confidence.log(), logprobs[:, start:end])
+                if not (live := masked[rows].any(-1)).all():
+                    kept = live.nonzero().squeeze(-1)
+                    keep_rows(cache, kept)
+                    rows, cached_mask = rows[kept], cached_mask[kept]
+                hidden = self._cached(model, ids[rows], positions[rows], key_mask[rows], cache, cached_mask, start, end, answer_start)
+            confidence, tokens = self._predict(model, hidden, masked[rows], mask_id)
+            chosen = self.unmasking.select(confidence.cpu(), masked[rows].cpu(), step, initial[rows].cpu()).to(ids.device)
+            ids[rows, start:end] = torch.where(chosen, tokens, ids[rows, start:end])
+            logprobs[rows, start:end] = torch.where(chosen, confidence.log(), logprobs[rows, start:end])
             step += 1
         return step
+
+    @staticmethod
+    def _predict(model: PreTrainedModel, hidden: torch.Tensor, masked: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each masked position's most likely token and its probability (zero elsewhere): the
+        output layer runs on the masked positions only, the costliest product of a cached step."""
+        confidence = torch.zeros(masked.shape, dtype=torch.float32, device=hidden.device)
+        tokens = torch.zeros(masked.shape, dtype=torch.long, device=hidden.device)
+        rows, columns = masked.nonzero(as_tuple=True)
+        logits = model.get_output_embeddings()(hidden[rows, columns]).float()
+        logits[:, mask_id] = -torch.inf  # a position is never "unmasked" to the mask token
+        confidence[rows, columns], tokens[rows, columns] = logits.softmax(-1).max(-1)
+        return confidence, tokens
 
     def _full(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
               full_mask: torch.Tensor, start: int, end: int, prompt: DynamicCache | None = None,
@@ -211,6 +229,9 @@ def llada_sampler(block_size: int = 8, steps_per_block: int | None = None) -> Bl
     return BlockDiffusionSampler(block_size, FixedStepsUnmasking(steps_per_block or block_size), cache="none")
 
 
-def fast_dllm_sampler(block_size: int = 8, threshold: float = 0.9, cache: str = "dual") -> BlockDiffusionSampler:
-    """Fast-dLLM: dual cache and confidence-threshold parallel unmasking."""
-    return BlockDiffusionSampler(block_size, ThresholdUnmasking(threshold), cache=cache)
+def fast_dllm_sampler(block_size: int = 8, threshold: float = 0.9, cache: str = "dual", left_to_right: bool = False) -> BlockDiffusionSampler:
+    """Fast-dLLM: dual cache and confidence-threshold parallel unmasking; ``left_to_right``
+    accepts only the run of confident positions after the first masked one
+    (:class:`LeftToRightUnmasking`)."""
+    rule = LeftToRightUnmasking(threshold) if left_to_right else ThresholdUnmasking(threshold)
+    return BlockDiffusionSampler(block_size, rule, cache=cache)

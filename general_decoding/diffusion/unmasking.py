@@ -76,3 +76,22 @@ class FactorUnmasking(Unmasking):
         passes = (ordered >= 1 - self.factor / (n + 1)) & (ordered >= 0)
         counts = passes.long().cumprod(-1).sum(-1)
         return _top_k(confidence, masked, counts.clamp(min=1))
+
+
+@dataclass(frozen=True)
+class LeftToRightUnmasking(Unmasking):
+    """The first masked position of the block and the masked positions right after it while
+    each one's confidence exceeds ``threshold``: a contiguous run, read left to right.
+
+    For a model adapted from an autoregressive LM the first masked position is its next token,
+    predicted with every token before it known; a position further right is accepted only with
+    all positions between known or accepted in the same step. Positions accepted apart from
+    each other (``ThresholdUnmasking``) each guess their neighbours and can disagree with them
+    (a first name written twice, a word's ending repeated)."""
+
+    threshold: float
+
+    def select(self, confidence: torch.Tensor, masked: torch.Tensor, step: int, initial: torch.Tensor) -> torch.Tensor:
+        first = masked & (masked.long().cumsum(-1) == 1)
+        passes = ~masked | first | (confidence > self.threshold)
+        return masked & passes.long().cumprod(-1).bool()
