@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.api_load import percentile  # noqa: E402
-from benchmarks.reporting import benchmark_parser, print_table, write_json  # noqa: E402
+from benchmarks.reporting import benchmark_parser, print_table, save_figure, write_json  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from tests.local_services import live_server  # noqa: E402
 
@@ -149,10 +149,7 @@ def plot(path: Path, rows: list[dict]) -> None:
         axis.set_title(title, fontsize=10)
         axis.set_xlabel("offered load (x capacity)")
     axes[0].legend(fontsize=8)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 if __name__ == "__main__":

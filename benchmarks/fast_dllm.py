@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import benchmark_parser, print_table, require_model, write_json  # noqa: E402
+from benchmarks.reporting import benchmark_parser, print_table, require_model, save_figure, write_json  # noqa: E402
 from general_decoding.diffusion import (  # noqa: E402
     BlockDiffusionSampler,
     FactorUnmasking,
@@ -97,11 +97,7 @@ def plot(path: Path, results: list[dict], reference_f1: float | None, title: str
     axis.set_ylabel("span micro-F1")
     axis.legend(fontsize=8, ncol=2)
     axis.set_title(title, fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def main() -> None:

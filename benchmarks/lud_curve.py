@@ -24,10 +24,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.lud import RECIPE, measure  # noqa: E402
-from benchmarks.reporting import benchmark_parser, fail, print_table, write_json  # noqa: E402
+from benchmarks.reporting import benchmark_parser, fail, print_table, save_figure, write_json  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from general_decoding import get_decoder  # noqa: E402
-from ner_service.engine import NEREngine  # noqa: E402
+from ner_service.engine import NEREngine, NERModelConfig  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
 
 
@@ -61,11 +61,7 @@ def plot(path: Path, rows: list[dict], title: str) -> Path:
         axis.set_title(name, fontsize=10)
         axis.legend(fontsize=8)
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def main() -> None:
@@ -82,8 +78,8 @@ def main() -> None:
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
     texts = [e.text for e in examples]
     gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
-    first = NEREngine.load(points[0][1])
-    reference = NEREngine.load(first.ner_model.config.base)
+    base = NERModelConfig.read(points[0][1]).base
+    reference = NEREngine.load(base)
     rows = []
     for minutes, folder in points:
         lud = NEREngine.load(folder)
@@ -99,9 +95,9 @@ def main() -> None:
                          "speedup_vs_greedy": runs["greedy"].seconds / run.seconds,
                          "micro_f1": span_f1(gold, run.predicted)["micro_f1"]})
     print(f"\n{args.run}: {len(points)} models, {args.strategy} at batch {args.batch_size}, {len(texts)} sentences, "
-          f"{torch.get_num_threads()} threads; baseline greedy decoding of {first.ner_model.config.base}")
+          f"{torch.get_num_threads()} threads; baseline greedy decoding of {base}")
     print_table(rows, ["snapshot", "minutes", "decoder", "tokens_per_forward", "speedup_vs_greedy", "micro_f1"])
-    path = write_json(args.json, {"benchmark": "lud_curve", "run": args.run, "reference": first.ner_model.config.base,
+    path = write_json(args.json, {"benchmark": "lud_curve", "run": args.run, "reference": base,
                                   "strategy": args.strategy, "batch_size": args.batch_size, "threshold": args.threshold,
                                   "n_sentences": len(texts), "results": rows})
     png = plot(path.with_suffix(".png"), rows, f"{args.run}: lexical units against CPU minutes ({args.strategy}, batch {args.batch_size})")

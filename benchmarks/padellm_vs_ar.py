@@ -37,7 +37,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.reencoding import reencoding_padellm  # noqa: E402
-from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, print_table, save_figure, write_json  # noqa: E402
 from ner_service.engine import NEREngine, Strategy  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
@@ -170,10 +170,7 @@ def phase_plot(path: Path, rows: list[dict], title: str) -> Path:
     axis.set_title(title, fontsize=10)
     axis.tick_params(axis="x", labelrotation=20, labelsize=8)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def main() -> None:

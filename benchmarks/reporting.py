@@ -79,8 +79,15 @@ def bar_plots(path: str | Path, labels: Sequence[str], panels: dict[str, Sequenc
         axis.set_title(name, fontsize=10)
         axis.tick_params(axis="x", labelrotation=20, labelsize=8)
     figure.suptitle(title, fontsize=11)
-    figure.tight_layout()
+    return save_figure(figure, path)
+
+
+def save_figure(figure, path: str | Path) -> Path:
+    """Lay out ``figure``, write it to ``path`` as PNG (creating parent folders) and free it."""
+    import matplotlib.pyplot as plt
+
     path = Path(path)
+    figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)

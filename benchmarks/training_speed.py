@@ -56,7 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import CONLL_DEV, print_table, write_json  # noqa: E402
+from benchmarks.reporting import CONLL_DEV, print_table, save_figure, write_json  # noqa: E402
 from corpora import labels_of, read_corpus  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
 from ner_service.engine.model_loading import ModelNotFoundError, resolve_model_folder  # noqa: E402
@@ -370,10 +370,7 @@ def plot(path: Path, throughput: list[dict], curve: list[dict], title: str) -> P
         right.set_axis_off()
     right.set_title("dev F1 against training time", fontsize=10)
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def numbers(text: str) -> list[int]:
