@@ -36,7 +36,7 @@ class Continuation:
 @dataclass
 class PrefixCache:
     """The windows' prefix tokens, their KV cache, which cache row holds each window
-    (``row_of``), which columns are its prefix (``mask``), the column of every cached branch
+    (``row_of``), which columns are its prefix (``mask``, on the CPU), the column of every cached branch
     path (``paths[w]``) and the next-token logits after each encoded branch (``logits[w]``)."""
 
     tokens: list[list[int]]
@@ -72,7 +72,7 @@ class PrefixCache:
             logits = model.get_output_embeddings()(out.last_hidden_state[
                 [row_of[w] for w in range(len(windows)) for _ in ends],
                 [start[w] + len(p) + end for w, p in enumerate(tokens) for end in ends]])
-        mask = torch.zeros(len(windows), ids.shape[1], dtype=torch.long, device=device)
+        mask = torch.zeros(len(windows), ids.shape[1], dtype=torch.long)  # host-side bookkeeping, like the masks built from it
         prefix_cache = cls(tokens, out.cache, mask, row_of)
         for w, p in enumerate(tokens):
             mask[w, start[w]:start[w] + len(p)] = 1
@@ -112,7 +112,7 @@ class PrefixCache:
 
     def visible(self, window_index: int, columns: tuple[int, ...], width: int) -> torch.Tensor:
         """``[width]`` bool: the cached columns a branch of window ``window_index`` after ``columns`` sees."""
-        seen = torch.zeros(width, dtype=torch.bool, device=self.mask.device)
+        seen = torch.zeros(width, dtype=torch.bool)
         seen[: self.mask.shape[1]] = self.mask[window_index].bool()
         seen[list(columns)] = True
         return seen

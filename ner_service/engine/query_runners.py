@@ -90,7 +90,7 @@ class SharedPrefixRunner:
             ids, query_mask = left_pad([continuations[r].tokens for r in rows], self.ner_model.pad_token_id)
             cache = prefix.window_cache(owners[rows[0]])
             shared = torch.zeros(len(rows), cache.get_seq_length(), dtype=torch.long)
-            shared[:, : prefix.mask.shape[1]] = prefix.mask[[owners[r] for r in rows]].cpu()
+            shared[:, : prefix.mask.shape[1]] = prefix.mask[[owners[r] for r in rows]]
             for position, row in enumerate(rows):
                 shared[position, list(continuations[row].columns)] = 1
             return GroupInputs(ids, torch.cat([shared, query_mask], dim=1), cache, [prefix.tokens[owners[r]] for r in rows])
