@@ -27,3 +27,60 @@ def test_a_paragraph_of_full_sentences_counts_every_sentences_mentions(en_engine
     (whole,) = en_engine.extract([paragraph])
     alone = sum(len(r.entities) for r in en_engine.extract(sentences))
     assert len(sentences) == 5 and len(whole.entities) == alone
+
+
+CONLL_DOCUMENTS = """-DOCSTART- -X- -X- O
+
+SOCCER NN B-NP O
+- : O O
+JAPAN NNP B-NP B-LOC
+WIN VB B-VP O
+
+Nadim NNP B-NP B-PER
+Ladki NNP I-NP I-PER
+
+Japan NNP B-NP B-LOC
+beat VB B-VP O
+Syria NNP B-NP B-LOC
+in IN B-PP O
+Al-Ain NNP B-NP B-LOC
+. . O O
+
+-DOCSTART- -X- -X- O
+
+Peter NNP B-NP B-PER
+Blackburn NNP I-NP I-PER
+spoke VB B-VP O
+. . O O
+"""
+
+
+def test_document_windows_are_the_engines_windows_that_are_no_sentence(tmp_path: Path) -> None:
+    from ner_service.engine.chunking import chunk_spans
+    from training.document_windows import document_windows
+
+    path = tmp_path / "train.txt"
+    path.write_text(CONLL_DOCUMENTS, encoding="utf-8")
+    words = lambda piece: len(piece.split())  # noqa: E731
+    windows = document_windows(path, words, window_tokens=6, limit=100, seed=0)
+    document = read_conll_documents(path, " ")[0]
+    engine_windows = {document.text[s:e] for s, e in chunk_spans(document.text, words, 6, one_sentence=True)}
+    sentences = {e.text for e in read_corpus(path)}
+    assert windows and all(w.text in engine_windows and w.text not in sentences for w in windows)
+    # no full stop ends the headline: it runs into the byline, and the window is cut after 6 words,
+    # before the sentence that follows, which is a training sentence already
+    assert [(w.text, [(w.text[s.start:s.end], s.label) for s in w.spans]) for w in windows] == [
+        ("SOCCER - JAPAN WIN Nadim Ladki", [("JAPAN", "LOC"), ("Nadim Ladki", "PER")])]
+    assert document_windows(path, words, 4, limit=100, seed=0)[0].text != windows[0].text  # cut to the budget
+    assert len(document_windows(path, words, 4, limit=1, seed=0)) == 1
+
+
+def test_document_windows_need_documents(tmp_path: Path) -> None:
+    import pytest
+
+    from training.document_windows import document_windows
+
+    path = tmp_path / "train.txt"
+    path.write_text(CONLL_DOCUMENTS.replace("-DOCSTART- -X- -X- O\n\n", ""), encoding="utf-8")
+    with pytest.raises(ValueError, match="-DOCSTART-"):
+        document_windows(path, len, 6, 10, 0)

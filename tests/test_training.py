@@ -148,3 +148,17 @@ def test_texts_with_long_lists_are_seen_more_often() -> None:
     assert oversample_hard_counts([EXAMPLE, many], ["LOC", "PER"], minimum=3, repeat=3) == [EXAMPLE, many, many, many]
     assert oversample_hard_counts([EXAMPLE, many], ["LOC", "PER"], minimum=3, repeat=1) == [EXAMPLE, many]
     assert oversample_hard_counts([EXAMPLE, many], ["LOC"], minimum=3, repeat=3) == [EXAMPLE, many]
+
+
+def test_document_windows_are_trained_on_and_the_window_budget_is_the_models(tmp_path: Path, tiny_engine) -> None:
+    from tests.test_documents import CONLL_DOCUMENTS
+
+    data = tmp_path / "train.txt"
+    data.write_text(CONLL_DOCUMENTS, encoding="utf-8")
+    base = TrainConfig(base=str(tiny_engine.ner_model.path), train=str(data), output=str(tmp_path / "sentences"), lora_r=4,
+                       batch_tokens=512, window_tokens=6)
+    sentences = train(base)
+    windows = train(replace(base, output=str(tmp_path / "windows"), document_windows=10))
+    assert windows["tokens"] > sentences["tokens"]  # the headline that runs into the byline is a text of its own
+    saved = json.loads((tmp_path / "windows" / "ner_model.json").read_text())
+    assert saved["window_tokens"] == 6 and saved["sentence_windows"]  # the sentences decide how the model reads

@@ -61,6 +61,12 @@ class TrainConfig:
     #: Start the LoRA from this NER model's adapter (a shipped name or a folder) instead of zeros,
     #: to train a model further: its rank and layers must be the run's.
     init_adapter: str | None = None
+    #: The longest window the model reads, in text tokens (``window_tokens`` in ``ner_model.json``;
+    #: None: the engine's); document windows are cut to it.
+    window_tokens: int | None = None
+    #: Also train on this many windows of the training documents that are no single sentence
+    #: (:mod:`training.document_windows`): texts shaped like what the engine reads from a document.
+    document_windows: int = 0
 
 
 @dataclass

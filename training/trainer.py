@@ -22,12 +22,14 @@ from general_decoding.kept_vocabulary import KeptVocabulary
 from training.loop import LoopSettings, run_loop
 from training.loss import answer_loss, inner_model
 from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indices
-from ner_service.engine import NEREngine, NERModel, NERModelConfig
+from ner_service.engine import NEREngine, NERModel, NERModelConfig, prompts
+from ner_service.engine.engine import MAX_WINDOW_TOKENS
 from ner_service.engine.chunking import mostly_single_sentences
 from ner_service.engine.ner_model import SELF_CONTAINED, load_base, resolve_ner_model
 from corpora import Example, check_labels, read_corpus
 from training.evaluate import evaluate_engine
 from training.configs import QUERY_KINDS, TrainConfig
+from training.document_windows import document_windows
 from training.examples import build_row
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -94,6 +96,7 @@ def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTok
     return NERModelConfig(
         name=config.name, labels=labels, base=SELF_CONTAINED if config.full else config.base, language=config.language,
         eos_token=tokenizer.eos_token, label_names=dict(config.label_names), sentence_windows=sentence_windows,
+        window_tokens=config.window_tokens,
     )
 
 
@@ -127,6 +130,9 @@ def train(config: TrainConfig) -> dict:
         raise ValueError(f"loss_weights names unknown query kinds {sorted(unknown)}; the kinds: {', '.join(QUERY_KINDS)}")
     model, tokenizer, first_layer = prepare_model(config)
     ner_config = _ner_config(config, labels, tokenizer, mostly_single_sentences([e.text for e in train_examples]))
+    if config.document_windows:
+        train_examples += document_windows(config.train, lambda piece: prompts.text_token_count(tokenizer, piece),
+                                           ner_config.window_tokens or MAX_WINDOW_TOKENS, config.document_windows, config.seed)
     train_examples = oversample_hard_counts(train_examples, labels, config.hard_count_min, config.hard_count_repeat)
     rows = [build_row(e, labels, tokenizer, config.formats, config.label_names, config.loss_weights or None)
             for e in tqdm(train_examples, desc="build rows", unit="text")]

@@ -87,7 +87,7 @@ class NEREngine:
         """The windows the texts are read in: each at most ``max_window_tokens`` tokens, and one
         sentence for a model trained on single sentences (``sentence_windows``)."""
         tokenizer = self.ner_model.tokenizer
-        return windows_of(texts, lambda piece: len(prompts.query_ids(tokenizer, piece)), self.max_window_tokens,
+        return windows_of(texts, lambda piece: prompts.text_token_count(tokenizer, piece), self.max_window_tokens,
                           self.ner_model.config.sentence_windows)
 
     def extract(

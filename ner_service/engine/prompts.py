@@ -99,6 +99,11 @@ def query_ids(tokenizer: "PreTrainedTokenizerBase", query: str) -> list[int]:
     return tokenizer(query, add_special_tokens=False).input_ids
 
 
+def text_token_count(tokenizer: "PreTrainedTokenizerBase", text: str) -> int:
+    """How many tokens ``text`` takes in a prompt: what a window's token budget counts."""
+    return len(query_ids(tokenizer, text))
+
+
 def ar_prompt_ids(tokenizer: "PreTrainedTokenizerBase", text: str) -> list[int]:
     """The whole prompt of the all-entities query (AR baseline, diffusion)."""
     return prefix_ids(tokenizer, text) + query_ids(tokenizer, ar_query())
