@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from corpora import read_conll_documents, read_corpus
+from ner_service.engine.chunking import chunk_spans
+from training.document_windows import document_windows
 
 
 def test_a_conll_document_finds_what_its_sentences_find_alone(en_engine, data_dir: Path) -> None:
@@ -56,9 +60,6 @@ spoke VB B-VP O
 
 
 def test_document_windows_are_the_engines_windows_that_are_no_sentence(tmp_path: Path) -> None:
-    from ner_service.engine.chunking import chunk_spans
-    from training.document_windows import document_windows
-
     path = tmp_path / "train.txt"
     path.write_text(CONLL_DOCUMENTS, encoding="utf-8")
     words = lambda piece: len(piece.split())  # noqa: E731
@@ -76,10 +77,6 @@ def test_document_windows_are_the_engines_windows_that_are_no_sentence(tmp_path:
 
 
 def test_document_windows_need_documents(tmp_path: Path) -> None:
-    import pytest
-
-    from training.document_windows import document_windows
-
     path = tmp_path / "train.txt"
     path.write_text(CONLL_DOCUMENTS.replace("-DOCSTART- -X- -X- O\n\n", ""), encoding="utf-8")
     with pytest.raises(ValueError, match="-DOCSTART-"):
