@@ -85,7 +85,7 @@ def plot(path: Path, results: list[dict], reference_f1: float | None, title: str
     colours = dict(zip(BLOCK_SIZES, ["#4c72b0", "#dd8452", "#55a868"]))
     for row in results:
         kind = "left to right" if "left to right" in row["variant"] else row["variant"].split(" ")[0]
-        axis.scatter(row["speedup"], row["f1"], marker=markers[kind], color=colours[row["block_size"]], s=40 if kind[0] == "+" and kind != "+both" else 70)
+        axis.scatter(row["speedup"], row["f1"], marker=markers[kind], color=colours[row["block_size"]], s=70 if kind in ("+both", "left to right") else 40)
     for kind, marker in markers.items():
         axis.scatter([], [], marker=marker, color="grey", label=kind)
     for size, colour in colours.items():

@@ -153,10 +153,9 @@ class BlockDiffusionSampler:
         exact); a full forward runs every row."""
         initial = (ids[:, start:end] == mask_id).sum(-1)
         step, cache, cached_mask = 0, None, None
-        rows = torch.arange(ids.shape[0], device=ids.device)  # the rows the cache holds
         while (masked := ids[:, start:end] == mask_id).any():
             if self.cache == "none" or cache is None or (self.refresh_every and step % self.refresh_every == 0):
-                rows = torch.arange(ids.shape[0], device=ids.device)
+                rows = torch.arange(ids.shape[0], device=ids.device)  # the rows the cache holds
                 hidden, cache, cached_mask = self._full(model, ids, positions, key_mask, full_mask, start, end,
                                                         None if prompt is None else prompt[0].for_rows(prompt[1]))
             else:
@@ -165,8 +164,9 @@ class BlockDiffusionSampler:
                     keep_rows(cache, kept)
                     rows, cached_mask = rows[kept], cached_mask[kept]
                 hidden = self._cached(model, ids[rows], positions[rows], key_mask[rows], cache, cached_mask, start, end, answer_start)
-            confidence, tokens = self._predict(model, hidden, masked[rows], mask_id)
-            chosen = self.unmasking.select(confidence.cpu(), masked[rows].cpu(), step, initial[rows].cpu()).to(ids.device)
+            row_masked = masked[rows]
+            confidence, tokens = self._predict(model, hidden, row_masked, mask_id)
+            chosen = self.unmasking.select(confidence.cpu(), row_masked.cpu(), step, initial[rows].cpu()).to(ids.device)
             ids[rows, start:end] = torch.where(chosen, tokens, ids[rows, start:end])
             logprobs[rows, start:end] = torch.where(chosen, confidence.log(), logprobs[rows, start:end])
             step += 1
