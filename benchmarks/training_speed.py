@@ -220,7 +220,7 @@ def prepare(arm: Arm, base: str, args: argparse.Namespace, rows: list, pad: int,
     if arm.first_layer > 0:
         if arm.first_layer not in frozen_by_layer:
             began = time.perf_counter()
-            frozen = FrozenHidden.build(inner_model(arm.model), [r.tree.parent_tree() for r in rows], arm.first_layer,
+            frozen = FrozenHidden.build(inner_model(arm.model), [r.tree for r in rows], arm.first_layer,
                                         work / f"frozen{arm.first_layer}", pad, args.batch_tokens)
             frozen_by_layer[arm.first_layer] = (frozen, time.perf_counter() - began)
         arm.frozen, arm.build_seconds = frozen_by_layer[arm.first_layer]
@@ -232,7 +232,7 @@ def prepare(arm: Arm, base: str, args: argparse.Namespace, rows: list, pad: int,
 
 def measure(arms: list[Arm], rows: list, batches: list[list[int]], pad: int, args: argparse.Namespace) -> None:
     """Warm every arm up, then time the batches, interleaved arm by arm at each step."""
-    by_length = sorted(range(len(rows)), key=lambda i: len(rows[i].tree))
+    by_length = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     # two rows, three of middle length, one alone: the compile arm meets batch sizes above 1 and of 1
     warmups = [by_length[:2], by_length[len(by_length) // 2:len(by_length) // 2 + 3] or by_length[:3], by_length[:1]]
     for arm in arms:
@@ -271,7 +271,7 @@ def fail_arm(arm: Arm, error: BaseException) -> None:
 
 
 def throughput_rows(arms: list[Arm], rows: list, batches: list[list[int]]) -> list[dict]:
-    lengths = [len(r.tree) for r in rows]
+    lengths = [len(r) for r in rows]
     total = sum(lengths)
     baseline = next(a for a in arms if a.name == "baseline")
     base_effective = None
@@ -411,7 +411,7 @@ def main() -> None:
         del model
         rows = [build_row(e, labels, tokenizer) for e in examples]
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        lengths = [len(r.tree) for r in rows]
+        lengths = [len(r) for r in rows]
         batches = length_batches(lengths, args.batch_tokens, 0)[: args.steps]
         tokens_per_step = sum(lengths) / len(length_batches(lengths, args.batch_tokens, 0))
 

@@ -1,19 +1,20 @@
-"""Several branches over one shared prefix, packed in a single sequence.
+"""Token trees in a single sequence: a shared prefix and its branches under a tree mask.
 
-Each branch token sees the prefix and the earlier tokens of its own branch; its position
-id continues from the prefix, as if the branch were the only continuation. Training packs
-all queries of a text this way (the prefix is paid for once), and the engine can run the
-branches of one text in one forward.
+A tree is given as ``(input_ids, parents)``: each token sees its ancestors and itself, and its
+position id is its depth, as if its branch were the only continuation of the prefix. Branches
+that begin alike are merged into a trie (:func:`build_trie`), so a shared beginning is computed
+once. Training packs all queries of a text this way (the prefix and the queries' common words
+are paid for once), and the engine runs the branches of many texts in one forward.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-PREFIX = -1
+#: A token tree: its token ids and each token's parent (-1 for the first; parents before children).
+ParentTree = tuple[list[int], list[int]]
 
 
 class Trie(NamedTuple):
@@ -25,6 +26,14 @@ class Trie(NamedTuple):
     parents: list[int]
     ends: list[int]
 
+    def path(self, number: int) -> list[int]:
+        """The nodes of sequence ``number``, first token first."""
+        nodes, node = [], self.ends[number]
+        while node >= 0:
+            nodes.append(node)
+            node = self.parents[node]
+        return nodes[::-1]
+
 
 class JoinedTries(NamedTuple):
     """Tries laid one after another in one node list (:func:`join_tries`): the node ids, their
@@ -35,60 +44,7 @@ class JoinedTries(NamedTuple):
     ends: list[list[int]]
 
 
-@dataclass(frozen=True)
-class PackedTree:
-    """One packed sequence: token ids, position ids and, per token, its branch (-1: prefix)."""
-
-    input_ids: list[int]
-    position_ids: list[int]
-    branch_of: list[int]
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    def parent_tree(self) -> tuple[list[int], list[int]]:
-        """The same tree as ``(input_ids, parents)``, the form :func:`collate_parent_trees` takes."""
-        return self.input_ids, parents_of(self)
-
-
-def pack_branches(prefix: list[int], branches: list[list[int]]) -> PackedTree:
-    """Lay ``branches`` one after another behind ``prefix``."""
-    ids, positions, owner = list(prefix), list(range(len(prefix))), [PREFIX] * len(prefix)
-    for number, branch in enumerate(branches):
-        ids.extend(branch)
-        positions.extend(range(len(prefix), len(prefix) + len(branch)))
-        owner.extend([number] * len(branch))
-    return PackedTree(ids, positions, owner)
-
-
-def tree_mask(branch_of: torch.Tensor) -> torch.Tensor:
-    """Boolean ``[L, L]`` mask: query i may attend key j (j <= i, same branch or prefix)."""
-    length = branch_of.shape[0]
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    same = (branch_of[None, :] == PREFIX) | (branch_of[None, :] == branch_of[:, None])
-    return causal & same
-
-
-def collate_trees(
-    trees: list[PackedTree], pad_token_id: int, dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-pad trees, one per row, into ``input_ids``, ``position_ids`` and an additive 4D
-    attention mask ``[batch, 1, L, L]``: 0 where attention is allowed and the dtype's minimum
-    elsewhere; padding positions attend to themselves only, so no row is empty."""
-    length = max(len(t) for t in trees)
-    input_ids = torch.full((len(trees), length), pad_token_id, dtype=torch.long)
-    position_ids = torch.zeros((len(trees), length), dtype=torch.long)
-    allowed = torch.eye(length, dtype=torch.bool).repeat(len(trees), 1, 1)
-    for row, tree in enumerate(trees):
-        input_ids[row, : len(tree)] = torch.tensor(tree.input_ids)
-        position_ids[row, : len(tree)] = torch.tensor(tree.position_ids)
-        allowed[row, : len(tree), : len(tree)] = tree_mask(torch.tensor(tree.branch_of))
-    mask = torch.zeros((len(trees), 1, length, length), dtype=dtype)
-    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-    return input_ids, position_ids, mask
-
-
-def chain_with_trie(prefix: list[int], trie: Trie) -> tuple[list[int], list[int]]:
+def chain_with_trie(prefix: list[int], trie: Trie) -> ParentTree:
     """One tree ``(input_ids, parents)``: ``prefix`` as a chain, then a trie from :func:`build_trie`
     whose first tokens follow the prefix's last token."""
     offset = len(prefix)
@@ -97,7 +53,7 @@ def chain_with_trie(prefix: list[int], trie: Trie) -> tuple[list[int], list[int]
 
 
 def collate_forest_rows(
-    rows: list[list[tuple[list[int], list[int]]]], pad_token_id: int, dtype: torch.dtype = torch.float32
+    rows: list[list[ParentTree]], pad_token_id: int, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
     """Lay each row's trees (``(input_ids, parents)``, parents before children) one after
     another, right-pad the rows, and build the additive 4D attention mask ``[batch, 1, L, L]``
@@ -143,25 +99,13 @@ def pack_rows(lengths: list[int], capacity: int | None = None) -> list[list[int]
     return rows
 
 
-def parents_of(tree: PackedTree) -> list[int]:
-    """Each token's parent (the token it follows; -1 for the first) in a packed tree."""
-    parents, previous_in_branch = [], {PREFIX: -1}
-    last_prefix = -1
-    for index, branch in enumerate(tree.branch_of):
-        if branch == PREFIX:
-            parents.append(index - 1)
-            last_prefix = index
-        else:
-            parents.append(previous_in_branch.get(branch, last_prefix))
-        previous_in_branch[branch] = index
-    return parents
-
-
 def collate_parent_trees(
-    rows: list[tuple[list[int], list[int]]], pad_token_id: int, dtype: torch.dtype = torch.float32
+    rows: list[ParentTree], pad_token_id: int, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Like :func:`collate_trees` for general trees given as ``(input_ids, parents)``, one per
-    row: a token sees its ancestors and itself, and its position is its depth."""
+    """Right-pad general trees given as ``(input_ids, parents)``, one per row, into ``input_ids``,
+    ``position_ids`` and an additive 4D attention mask ``[batch, 1, L, L]`` (0 where allowed, the
+    dtype's minimum elsewhere): a token sees its ancestors and itself, and its position is its
+    depth; padding positions attend to themselves only, so no row is empty."""
     ids, positions, mask, _ = collate_forest_rows([[tree] for tree in rows], pad_token_id, dtype)
     return ids, positions, mask
 

@@ -74,7 +74,7 @@ def test_the_top_layers_from_cached_hidden_states_give_the_whole_models_loss_and
             torch.nn.init.normal_(parameter, std=0.05)  # a LoRA that has learnt something
     rows = [build_row(e, ["LOC", "PER"], tokenizer) for e in _examples(6)]
     pad = tokenizer.eos_token_id
-    frozen = FrozenHidden.build(inner_model(model), [r.tree.parent_tree() for r in rows], first, tmp_path / "frozen", pad, batch_tokens=128)
+    frozen = FrozenHidden.build(inner_model(model), [r.tree for r in rows], first, tmp_path / "frozen", pad, batch_tokens=128)
     batch = [0, 3, 5]
 
     def loss_and_grads(hidden: torch.Tensor | None) -> tuple[float, list[torch.Tensor]]:
@@ -87,7 +87,7 @@ def test_the_top_layers_from_cached_hidden_states_give_the_whole_models_loss_and
     cached, cached_grads = loss_and_grads(frozen.padded(batch))
     assert cached == pytest.approx(whole, rel=1e-5)
     assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(whole_grads, cached_grads))
-    again = FrozenHidden.build(inner_model(model), [r.tree.parent_tree() for r in rows], first, tmp_path / "frozen", pad, batch_tokens=128)
+    again = FrozenHidden.build(inner_model(model), [r.tree for r in rows], first, tmp_path / "frozen", pad, batch_tokens=128)
     assert torch.equal(again.hidden, frozen.hidden)  # read back, not recomputed
 
 
@@ -124,7 +124,7 @@ def test_a_run_killed_mid_step_resumes_to_the_weights_of_an_uninterrupted_run(tm
 
 def test_an_interrupted_frozen_pass_continues_where_it_stopped(tmp_path: Path) -> None:
     model, tokenizer, first = prepare_model(TrainConfig(base=str(TINY), train="-", output=str(tmp_path), lora_r=4, top_layers=1))
-    trees = [build_row(e, ["LOC", "PER"], tokenizer).tree.parent_tree() for e in _examples(20)]
+    trees = [build_row(e, ["LOC", "PER"], tokenizer).tree for e in _examples(20)]
     pad, lm = tokenizer.eos_token_id, inner_model(model)
     whole = FrozenHidden.build(lm, trees, first, tmp_path / "whole", pad, batch_tokens=64).hidden.clone()
     partial = FrozenHidden.build(lm, trees, first, tmp_path / "partial", pad, batch_tokens=64)

@@ -13,7 +13,7 @@ from general_decoding.constraints import BannedFirstToken, TokenBias, TokenTrie,
 from general_decoding.draft_verify import DraftLength
 from general_decoding.kv_cache import RESERVED_COLUMNS, cache_bytes, keep_first, keep_rows, select_rows
 from general_decoding.tree_attention import (
-    ancestor_mask, build_trie, chain_with_trie, collate_forest_rows, collate_trees, pack_branches, pack_rows, parents_of,
+    ancestor_mask, build_trie, chain_with_trie, collate_forest_rows, collate_parent_trees, pack_rows,
 )
 
 PROMPTS = ["Text: EU rejects German call to boycott British lamb .\nAll entities:", "Text: Peter Blackburn\nPER count:", "Text: a\n"]
@@ -62,16 +62,17 @@ def test_bad_decoder_inputs_are_clear_errors(tiny_engine) -> None:
 def test_tree_branches_see_only_the_prefix_and_themselves(tiny_engine) -> None:
     model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
     prefix = tokenizer("Text: Peter Blackburn met EU officials\n").input_ids
-    branches = [tokenizer(q, add_special_tokens=False).input_ids for q in ["PER count: 1", "ORG count: 1\nORG 1: EU", "All entities:"]]
-    tree = pack_branches(prefix, branches)
-    ids, positions, mask = collate_trees([tree], pad_token_id=0)
+    queries = ["PER count: 1", "ORG count: 1", "ORG count: 1\nORG 1: EU", "All entities:"]
+    branches = [tokenizer(q, add_special_tokens=False).input_ids for q in queries]
+    trie = build_trie(branches)
+    assert len(trie.ids) < sum(len(b) for b in branches)  # the ORG branches share their beginning
+    ids, positions, mask = collate_parent_trees([chain_with_trie(prefix, trie)], pad_token_id=0)
     with torch.inference_mode():
         packed = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[0]
-        start = len(prefix)
-        for branch in branches:
+        for number, branch in enumerate(branches):
             alone = model(input_ids=torch.tensor([prefix + branch])).logits[0, len(prefix):]
-            torch.testing.assert_close(packed[start:start + len(branch)], alone, atol=1e-4, rtol=1e-4)
-            start += len(branch)
+            columns = [len(prefix) + node for node in trie.path(number)]
+            torch.testing.assert_close(packed[columns], alone, atol=1e-4, rtol=1e-4)
 
 
 def test_selecting_cache_rows_copies_the_shared_prefix(tiny_engine) -> None:
@@ -120,19 +121,20 @@ def test_a_reserved_cache_decodes_in_place_as_a_dynamic_cache_does(tiny_engine) 
 
 
 def test_trees_packed_in_one_row_see_nothing_of_each_other() -> None:
-    first, second = pack_branches([1, 2], [[3], [4, 5]]), pack_branches([6], [[7]])
-    as_parents = [(tree.input_ids, parents_of(tree)) for tree in (first, second)]
-    ids, positions, mask, offsets = collate_forest_rows([as_parents, as_parents[1:]], pad_token_id=0)
+    first = [1, 2, 3, 4, 5], [-1, 0, 1, 1, 3]  # prefix 1 2, branches [3] and [4, 5]
+    second = [6, 7], [-1, 0]
+    ids, positions, mask, offsets = collate_forest_rows([[first, second], [second]], pad_token_id=0)
     assert offsets == [[0, 5], [0]]
     assert ids.tolist() == [[1, 2, 3, 4, 5, 6, 7], [6, 7, 0, 0, 0, 0, 0]]
     assert positions[0].tolist() == [0, 1, 2, 2, 3, 0, 1]  # the second tree's positions start again
     allowed = mask[0, 0] == 0
     assert allowed[5:, :5].sum() == 0 and allowed[:5, 5:].sum() == 0  # block-diagonal
     assert allowed[6].tolist() == [False] * 5 + [True, True]
-    # one packed tree per row is exactly collate_trees (branches see the prefix and themselves)
-    alone = collate_forest_rows([[tree] for tree in as_parents], pad_token_id=0)[:3]
-    for packed, single in zip(alone, collate_trees([first, second], pad_token_id=0)):
-        assert torch.equal(packed, single)
+    # branches see the prefix and themselves, never each other
+    assert allowed[:5, :5].int().tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
+    assert (mask[1, 0, 2:, 2:] == 0).int().tolist() == torch.eye(5, dtype=torch.int).tolist()  # padding sees itself only
+    single = collate_parent_trees([first, second], pad_token_id=0)
+    assert torch.equal(single[2][0, 0, :5, :5], mask[0, 0, :5, :5])
 
 
 def test_a_prefix_chain_with_a_trie_shares_the_branches_beginnings() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from general_decoding.kept_vocabulary import KeptHead, KeptVocabulary, use_kept_vocabulary
-from general_decoding.tree_attention import collate_trees, pack_branches
+from general_decoding.tree_attention import build_trie, chain_with_trie, collate_parent_trees
 from ner_service.engine.model_loading import GEMMA3, WHEEL_BASES, ModelNotFoundError, WheelBase, load_causal_lm, resolve_model_folder
 from training.examples import IGNORE
 from training.loss import packed_loss
@@ -40,15 +40,15 @@ def test_a_missing_wheel_names_the_packages_to_install() -> None:
 def test_branches_under_a_tree_mask_read_as_separate_sequences_on_gemma(gemma) -> None:
     model, tokenizer = gemma
     prefix = tokenizer("Text: 张三毕业于北京大学，现任华为公司工程师。\n").input_ids
-    branches = [tokenizer(q, add_special_tokens=False).input_ids for q in ("人名 count:", "机构 count:2\n机构 1:")]
-    ids, positions, mask = collate_trees([pack_branches(prefix, branches)], tokenizer.pad_token_id)
+    branches = [tokenizer(q, add_special_tokens=False).input_ids for q in ("人名 count:", "机构 count:", "机构 count:2\n机构 1:")]
+    trie = build_trie(branches)
+    ids, positions, mask = collate_parent_trees([chain_with_trie(prefix, trie)], tokenizer.pad_token_id)
     with torch.inference_mode():
         packed = model(input_ids=ids, position_ids=positions, attention_mask=mask).logits[0]
-        start = len(prefix)
-        for branch in branches:
+        for number, branch in enumerate(branches):
             alone = model(input_ids=torch.tensor([prefix + branch])).logits[0, len(prefix):]
-            torch.testing.assert_close(packed[start:start + len(branch)], alone, atol=2e-3, rtol=1e-4)
-            start += len(branch)
+            columns = [len(prefix) + node for node in trie.path(number)]
+            torch.testing.assert_close(packed[columns], alone, atol=2e-3, rtol=1e-4)
 
 
 def test_a_kept_head_gives_the_full_heads_logits_for_kept_tokens_and_the_lowest_elsewhere(gemma) -> None:

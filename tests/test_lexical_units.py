@@ -9,7 +9,6 @@ import torch
 
 from general_decoding import StopCriteria, get_decoder
 from general_decoding.lexical_units import accepted_unit, placeholder_adapter, restrict_adapter_to_placeholders
-from general_decoding.tree_attention import pack_branches
 from ner_service.engine import NEREngine, prompts
 from training.examples import IGNORE, TrainingRow
 from training.configs import LUDConfig
@@ -23,14 +22,14 @@ TEXTS = [
 
 
 def test_placeholder_branches_follow_every_answer_token() -> None:
-    tree = pack_branches([1, 2], [[3, 4, 5, 6]])  # query token 3, answer 4 5 6
+    tree = [1, 2, 3, 4, 5, 6], [-1, 0, 1, 2, 3, 4]  # prefix 1 2, query token 3, answer 4 5 6
     targets = [IGNORE, IGNORE, 4, 5, 6, IGNORE]  # column 2 (token 3) predicts 4, ...
-    row = lud_row(TrainingRow(tree, targets), placeholder_id=99, unit_size=4)
+    row = lud_row(TrainingRow(*tree, targets), placeholder_id=99, unit_size=4)
     assert row.input_ids == [1, 2, 3, 4, 5, 6, 99, 99, 99]
     # after column 2 (next token 4) two placeholders predict 5 and 6; after column 3 (next 5) one predicts 6
     assert row.parents == [-1, 0, 1, 2, 3, 4, 2, 6, 3]
     assert row.targets == [IGNORE] * 6 + [5, 6, 6]
-    assert lud_row(TrainingRow(tree, targets), placeholder_id=99, unit_size=2).targets == [IGNORE] * 6 + [5, 6]
+    assert lud_row(TrainingRow(*tree, targets), placeholder_id=99, unit_size=2).targets == [IGNORE] * 6 + [5, 6]
 
 
 def test_the_adapter_changes_placeholder_columns_only(tmp_path) -> None:

@@ -42,7 +42,10 @@ def test_targets_are_exactly_the_answers(tiny_engine) -> None:
     assert answers == expected
     prefix_len = len(tokenizer(prompts.prefix(EXAMPLE.text)).input_ids)
     assert all(t == IGNORE for t in row.targets[: prefix_len])
-    assert row.tree.position_ids[prefix_len] == prefix_len  # every branch restarts after the prefix
+    assert row.parents[prefix_len] == prefix_len - 1  # the first branch continues the prefix
+    laid_apart = prefix_len + sum(len(tokenizer(qa.query + qa.answer, add_special_tokens=False).input_ids) + 1
+                                  for qa in query_answers(EXAMPLE, ["LOC", "PER"], ["padellm"]))
+    assert len(row) < laid_apart  # PER's mention queries share its count query's tokens
 
 
 def test_packed_loss_equals_the_loss_of_separate_sequences(tiny_engine) -> None:

@@ -1,8 +1,11 @@
 """Training rows in the PaDeLLM and AR formats, packed under one shared prefix per text.
 
 One row per text: the prefix (the text) once, then every count query, every (label, k)
-mention query and, optionally, the AR query, each with its answer, as branches of a
-tree (:mod:`general_decoding.tree_attention`). Loss is taken on answer tokens only.
+mention query and, optionally, the AR query, each with its answer, as branches of a token
+tree (:mod:`general_decoding.tree_attention`). Branches that begin alike share their first
+tokens (a label's mention queries repeat its count query: ``PER count:2\nPER 1:``), which
+computes exactly what separate branches compute, with about a tenth fewer tokens on CoNLL-03.
+Loss is taken on answer tokens only.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from general_decoding.tree_attention import PackedTree, pack_branches
+from general_decoding.tree_attention import ParentTree, build_trie, chain_with_trie
 from ner_service.engine import prompts
 from corpora import Example
 from training.configs import FORMATS
@@ -22,16 +25,21 @@ IGNORE = -100
 
 @dataclass(frozen=True)
 class TrainingRow:
-    """A packed tree and, per position, the token it must predict (``IGNORE`` elsewhere) and
-    that target's weight in the loss (None: all 1)."""
+    """A text's token tree (ids, and each token's parent: -1 for the first) and, per token, the
+    token it must predict (``IGNORE`` elsewhere) and that target's weight in the loss (None: all 1)."""
 
-    tree: PackedTree
+    input_ids: list[int]
+    parents: list[int]
     targets: list[int]
     weights: list[float] | None = None
 
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
     @property
-    def answer_tokens(self) -> int:
-        return sum(t != IGNORE for t in self.targets)
+    def tree(self) -> ParentTree:
+        """The row as ``(input_ids, parents)``, the form the collation and the frozen pass take."""
+        return self.input_ids, self.parents
 
 
 @dataclass(frozen=True)
@@ -83,13 +91,13 @@ def build_row(
         branches.append(query_ids + answer_ids)
         answer_starts.append(len(query_ids))
         kinds.append(qa.kind)
-    tree = pack_branches(prefix, branches)
-    targets = [IGNORE] * len(tree)
-    weights = [0.0] * len(tree)
-    position = len(prefix)
-    for branch, first_answer, kind in zip(branches, answer_starts, kinds):
+    trie = build_trie(branches)
+    ids, parents = chain_with_trie(prefix, trie)
+    targets = [IGNORE] * len(ids)
+    weights = [0.0] * len(ids)
+    for number, (branch, first_answer, kind) in enumerate(zip(branches, answer_starts, kinds)):
+        columns = [len(prefix) - 1] + [len(prefix) + node for node in trie.path(number)]  # columns[i]: the token before branch[i]
         for i in range(first_answer, len(branch)):
-            targets[position + i - 1] = branch[i]
-            weights[position + i - 1] = (loss_weights or {}).get(kind, 1.0)
-        position += len(branch)
-    return TrainingRow(tree, targets, weights if loss_weights else None)
+            targets[columns[i]] = branch[i]
+            weights[columns[i]] = (loss_weights or {}).get(kind, 1.0)
+    return TrainingRow(ids, parents, targets, weights if loss_weights else None)

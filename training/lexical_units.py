@@ -57,13 +57,12 @@ class LUDRow:
 
 
 def answer_runs(row: TrainingRow) -> list[list[int]]:
-    """Columns of each answer in ``row`` (consecutive columns with a target, per branch)."""
+    """Columns of each answer in ``row`` (columns with a target, each the child of the one before)."""
     runs: list[list[int]] = []
-    branch_of = row.tree.branch_of
     for column, target in enumerate(row.targets):
         if target == IGNORE:
             continue
-        if runs and runs[-1][-1] == column - 1 and branch_of[column] == branch_of[runs[-1][-1]]:
+        if runs and row.parents[column] == runs[-1][-1]:
             runs[-1].append(column)
         else:
             runs.append([column])
@@ -73,8 +72,7 @@ def answer_runs(row: TrainingRow) -> list[list[int]]:
 def lud_row(row: TrainingRow, placeholder_id: int, unit_size: int) -> LUDRow:
     """``row`` plus, after every answer column (the anchor, whose target is the answer's next
     token), a branch of placeholders whose targets are the answer's following tokens."""
-    ids, (_, parents) = list(row.tree.input_ids), row.tree.parent_tree()
-    parents, targets = list(parents), [IGNORE] * len(ids)
+    ids, parents, targets = list(row.input_ids), list(row.parents), [IGNORE] * len(row)
     for columns in answer_runs(row):
         answer = [row.targets[c] for c in columns]
         for index, anchor in enumerate(columns):

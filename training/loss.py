@@ -6,7 +6,7 @@ import torch
 from transformers import PreTrainedModel
 
 from general_decoding.kept_vocabulary import KeptVocabulary
-from general_decoding.tree_attention import collate_trees
+from general_decoding.tree_attention import collate_parent_trees
 from training.examples import IGNORE, TrainingRow
 from training.top_layers import layer_count, layer_range
 
@@ -55,7 +55,7 @@ def answer_loss(model: torch.nn.Module, rows: list[TrainingRow], pad_token_id: i
                 frozen_hidden: torch.Tensor | None = None, first_layer: int = 0,
                 vocabulary: KeptVocabulary | None = None) -> torch.Tensor:
     """Cross-entropy on answer tokens of packed PaDeLLM/AR rows (weighted by the rows' weights)."""
-    ids, positions, mask = collate_trees([r.tree for r in rows], pad_token_id, dtype=next(inner_model(model).parameters()).dtype)
+    ids, positions, mask = collate_parent_trees([r.tree for r in rows], pad_token_id, dtype=next(inner_model(model).parameters()).dtype)
     return packed_loss(model, ids, positions, mask, [r.targets for r in rows], [r.weights for r in rows], frozen_hidden, first_layer, vocabulary)
 
 

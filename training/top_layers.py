@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from general_decoding.tree_attention import collate_parent_trees
+from general_decoding.tree_attention import ParentTree, collate_parent_trees
 from training.batching import group_by_length
 
 #: The linear layers of a decoder block that LoRA adapts (Llama and Gemma 3 names).
@@ -57,10 +57,6 @@ def layer_range(lm: PreTrainedModel, start: int, stop: int) -> Iterator[None]:
         yield
     finally:
         decoder.layers, decoder.norm = layers, norm
-
-
-#: A training row as a general tree: its token ids and each token's parent (-1 for the first).
-ParentTree = tuple[list[int], list[int]]
 
 
 def _fingerprint(lm: PreTrainedModel, trees: Sequence[ParentTree], frozen: int) -> str:

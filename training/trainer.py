@@ -137,15 +137,15 @@ def train(config: TrainConfig) -> dict:
     rows = [build_row(e, labels, tokenizer, config.formats, config.label_names, config.loss_weights or None)
             for e in tqdm(train_examples, desc="build rows", unit="text")]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    vocabulary = KeptVocabulary.of((t for r in rows for t in r.tree.input_ids), tokenizer) if config.kept_vocabulary else None
-    lengths = [len(r.tree) for r in rows]
+    vocabulary = KeptVocabulary.of((t for r in rows for t in r.input_ids), tokenizer) if config.kept_vocabulary else None
+    lengths = [len(r) for r in rows]
     settings = LoopSettings(lr=config.lr, batch_tokens=config.batch_tokens, seed=config.seed, checkpoint_folder=output / "checkpoint",
                             epochs=config.epochs, warmup_steps=config.warmup_steps, max_steps=config.max_steps,
                             max_minutes=config.max_minutes, checkpoint_minutes=config.checkpoint_minutes, resume=config.resume)
     frozen, setup_seconds = None, 0.0
     if first_layer > 0:
         began = time.perf_counter()
-        trees = [r.tree.parent_tree() for r in rows]
+        trees = [r.tree for r in rows]
         frozen = FrozenHidden.build(inner_model(model), trees, first_layer, settings.checkpoint_folder / "frozen", pad, config.batch_tokens)
         setup_seconds = time.perf_counter() - began
 
