@@ -77,8 +77,9 @@ def build_row(
     names: Mapping[str, str] | None = None,
     loss_weights: Mapping[str, float] | None = None,
 ) -> TrainingRow:
-    """Pack all of ``example``'s queries behind its prefix; ``loss_weights`` (by query kind,
-    missing kinds 1) weigh their answers' tokens in the loss."""
+    """Pack all of ``example``'s queries behind its prefix, those that begin alike sharing their
+    first tokens; ``loss_weights`` (by query kind, missing kinds 1) weigh their answers' tokens
+    in the loss."""
     unknown = set(formats) - set(FORMATS)
     if unknown:
         raise ValueError(f"unknown format(s) {sorted(unknown)}; choose from {FORMATS}")
