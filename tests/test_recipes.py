@@ -10,7 +10,7 @@ import pytest
 
 from padellm_ner.cli import main
 from training.recipes import RecipeError, RecipeRun, load_recipe, recipe_names, stage_configs
-from training.trainer import resolved_dtype
+from training.trainer import TrainConfig, resolved_dtype
 
 CORPORA = ("conll2003", "resume", "weibo")
 
@@ -38,13 +38,14 @@ def test_the_shipped_models_have_recipes() -> None:
     assert {"en-conll03-diffusion", "en-conll03-lud"} <= set(recipe_names())
 
 
-def test_en_conll03_recipe_holds_the_model_cards_settings(small_data: Path, tmp_path: Path) -> None:
-    (config,) = stage_configs(load_recipe("en-conll03"), RecipeRun(small_data, tmp_path / "out"))
-    shipped = json.loads((Path(__file__).parent.parent / "ner_service/shipped_models/en-conll03/training.json").read_text())["config"]
+@pytest.mark.parametrize(("name", "dtype"), [("en-conll03-v1", "bfloat16"), ("en-conll03", "float32")])
+def test_the_english_recipes_hold_their_model_cards_settings(small_data: Path, tmp_path: Path, name: str, dtype: str) -> None:
+    (config,) = stage_configs(load_recipe(name), RecipeRun(small_data, tmp_path / "out"))
+    shipped = json.loads((Path(__file__).parent.parent / f"ner_service/shipped_models/{name}/training.json").read_text())["config"]
     for key in ("base", "name", "formats", "full", "lora_r", "lora_alpha", "lr", "warmup_steps", "epochs", "batch_tokens", "seed",
-                "device"):
-        assert getattr(config, key) == shipped[key], key
-    assert resolved_dtype(config.dtype, config.device) == shipped["dtype"] == "bfloat16"
+                "device", "init_adapter", "window_tokens", "document_windows"):
+        assert getattr(config, key) == shipped.get(key, getattr(TrainConfig, key, None)), key
+    assert resolved_dtype(config.dtype, config.device) == resolved_dtype(shipped["dtype"], shipped["device"]) == dtype
 
 
 def test_recipes_train_in_float32_on_the_cpu(small_data: Path, tmp_path: Path) -> None:

@@ -99,7 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     examples:
       padellm-ner train --train my.jsonl --dev my-dev.jsonl --output runs/mine
       padellm-ner train --train my.jsonl --labels DOSE,DRUG --output runs/mine --base HF_FOLDER --full
-      padellm-ner train --recipe en-conll03 --device cuda
+      padellm-ner train --recipe en-conll03-v1 --device cuda
+      padellm-ner train --recipe en-conll03          # en-conll03-v1 trained further, on the CPU
     """)
     trainer = sub.add_parser("train", help="train a model from a recipe (--recipe NAME), or fine-tune a causal LM for PaDeLLM-NER "
                                            "and the AR baseline with the settings given as flags",
