@@ -1,7 +1,9 @@
 """Lexical-unit decoding against greedy and the lossless decoders, for AR and PaDeLLM, in one run.
 
 The LUD model (``padellm-ner train --recipe en-conll03-lud``) decodes with ``lud`` (its units
-verified: token for token greedy) and with the paper's unverified acceptance of placeholders at
+verified: token for token greedy), with narrower verification forwards (a unit one token
+shorter: one placeholder fewer; or drafts cut before a placeholder prediction less than
+``--min-probability`` probable), and with the paper's unverified acceptance of placeholders at
 least ``--threshold`` probable; its adapter applies at placeholder columns only, so the model it
 was fine-tuned from decodes the references: ``greedy``, and the lossless drafters ``copy`` and
 ``anpd`` (token for token greedy). Per strategy and batch size, every decoder runs over the same sentences, interleaved
@@ -9,7 +11,7 @@ batch by batch so that noise hits them alike: wall-clock speed-up over greedy, d
 per decoding forward, micro-F1, and answers that ran to their token limit (unfinished).
 
 Usage: python benchmarks/lud.py [--limit N] [--json PATH] [--model LUD_MODEL] [--data FILE]
-       [--threshold T] [--batch-sizes 1,16] [--strategies ar,padellm]
+       [--threshold T] [--min-probability P] [--batch-sizes 1,16] [--strategies ar,padellm]
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def main() -> None:
     parser = benchmark_parser(__doc__, "lud", limit=100, limit_help="dev sentences", model=RECIPE,
                               model_help=f"the LUD model (name or folder; padellm-ner train --recipe {RECIPE} writes runs/{RECIPE})")
     parser.add_argument("--threshold", type=float, default=0.9, help="placeholder confidence that extends a unit")
+    parser.add_argument("--min-probability", type=float, default=0.5,
+                        help="the narrower verified arm: a draft stops before a placeholder prediction less probable than this")
     parser.add_argument("--batch-sizes", default="1,16")
     parser.add_argument("--strategies", default="ar,padellm", help="comma-separated: ar, padellm")
     args = parser.parse_args()
@@ -81,6 +85,8 @@ def main() -> None:
     reference = NEREngine.load(lud.ner_model.config.base)
     unit_size = lud.ner_model.config.lud_unit_size or 4
     decoders = {"lud": get_decoder("lud", unit_size=unit_size),
+                f"lud, units of {unit_size - 1}": get_decoder("lud", unit_size=unit_size - 1),
+                f"lud, drafts >= {args.min_probability}": get_decoder("lud", unit_size=unit_size, min_probability=args.min_probability),
                 f"lud ({args.threshold})": get_decoder("lud", unit_size=unit_size, threshold=args.threshold)}
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
     texts = [e.text for e in examples]

@@ -137,9 +137,11 @@ class Drafter(ABC):
     def start(self, states: list[RowState], model: PreTrainedModel) -> None:
         """Hook: called once per decoding call before the first draft."""
 
-    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int, trailing: list[int]) -> None:
+    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int, trailing: list[int],
+                trailing_logprobs: list[float]) -> None:
         """Hook: the greedy predictions after ``[last] + draft[:j]`` for every j, how many drafts
-        were accepted, and the predictions at the :attr:`trailing` columns fed after the draft."""
+        were accepted, and the predictions at the :attr:`trailing` columns fed after the draft
+        with their log-probabilities."""
 
     def details(self) -> dict[str, list[int]]:
         """Hook: drafter-specific counts for :attr:`Generation.details`."""
@@ -239,7 +241,9 @@ class DraftVerifyDecoder(Decoder):
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         predictions = self._choose(logprobs, live, [states[r] for r in live], drafts, constraints)
         # unconstrained (constraints apply to verified columns only); without constraints that is ``predictions``
-        trailing_predictions = (logprobs.argmax(-1) if constraints else predictions).tolist() if trailing else None
+        trailing_tokens = (logprobs.argmax(-1) if constraints else predictions) if trailing else None
+        trailing_predictions = trailing_tokens.tolist() if trailing_tokens is not None else None
+        trailing_logprobs = logprobs.gather(-1, trailing_tokens[..., None])[..., 0].tolist() if trailing_tokens is not None else None
         chosen = logprobs.gather(-1, predictions[..., None])[..., 0]
         accepted_drafts, emitted = [], 0
         for i, r in enumerate(live):
@@ -248,8 +252,9 @@ class DraftVerifyDecoder(Decoder):
             accepted = 0
             while accepted < len(draft) and draft[accepted] == row_pred[accepted]:
                 accepted += 1
-            row_trailing = trailing_predictions[i][len(draft) + 1: len(draft) + 1 + len(trailing)] if trailing_predictions else []
-            self.drafter.observe(r, state, row_pred, accepted, row_trailing)
+            trailing_columns = slice(len(draft) + 1, len(draft) + 1 + len(trailing))
+            self.drafter.observe(r, state, row_pred, accepted, trailing_predictions[i][trailing_columns] if trailing_predictions else [],
+                                 trailing_logprobs[i][trailing_columns] if trailing_logprobs else [])
             lengths.update(r, len(draft), accepted)
             row_lp = chosen[i].tolist()
             before = len(state.tokens) + int(state.stopped)

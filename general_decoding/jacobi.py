@@ -43,7 +43,8 @@ class JacobiDrafter(Drafter):
         guesses = self._guesses[row][:unknowns]
         return guesses + [state.history[-1]] * (unknowns - len(guesses))
 
-    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int, trailing: list[int]) -> None:
+    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int, trailing: list[int],
+                trailing_logprobs: list[float]) -> None:
         block_before = len(state.tokens) // self.block_size if self.block_size else 0
         fixed = len(state.tokens) + accepted + 1
         self._iterations[row][-1] += 1

@@ -190,12 +190,17 @@ class ConfidentUnitDecoder(Decoder):
 
 class LexicalUnitDrafter(Drafter):
     """Drafts what the placeholders fed after the previous draft predicted: the tokens after
-    that forward's bonus token, valid when its draft was accepted whole (else none)."""
+    that forward's bonus token, valid when its draft was accepted whole (else none), up to the
+    first prediction less than ``min_probability`` probable: a column the next forward would
+    most likely reject costs a verification column for nothing."""
 
-    def __init__(self, unit_size: int = 4, placeholder_id: int | None = None) -> None:
+    def __init__(self, unit_size: int = 4, placeholder_id: int | None = None, min_probability: float = 0.0) -> None:
         if unit_size < 2:
             raise ValueError(f"unit_size must be >= 2, got {unit_size}")
+        if not 0.0 <= min_probability < 1.0:
+            raise ValueError(f"min_probability must be in [0, 1), got {min_probability}")
         self.unit_size, self.placeholder_id = unit_size, placeholder_id
+        self.min_logprob = math.log(min_probability) if min_probability > 0 else -math.inf
         self._next: list[list[int]] = []
 
     def start(self, states: list[RowState], model: PreTrainedModel) -> None:
@@ -206,14 +211,23 @@ class LexicalUnitDrafter(Drafter):
     def propose(self, row: int, state: RowState, budget: int) -> list[int]:
         return self._next[row][:budget]
 
-    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int, trailing: list[int]) -> None:
-        self._next[row] = list(trailing) if accepted == len(predictions) - 1 else []
+    def observe(self, row: int, state: RowState, predictions: list[int], accepted: int, trailing: list[int],
+                trailing_logprobs: list[float]) -> None:
+        draft: list[int] = []
+        if accepted == len(predictions) - 1:
+            for token, logprob in zip(trailing, trailing_logprobs):
+                if logprob < self.min_logprob:
+                    break
+                draft.append(token)
+        self._next[row] = draft
 
 
 @register_decoder("lud")
-def lexical_unit_decoder(unit_size: int = 4, threshold: float | None = None, placeholder_id: int | None = None) -> Decoder:
-    """Units drafted by the placeholders and verified (token for token greedy), or with a
+def lexical_unit_decoder(unit_size: int = 4, threshold: float | None = None, placeholder_id: int | None = None,
+                         min_probability: float = 0.0) -> Decoder:
+    """Units drafted by the placeholders and verified (token for token greedy; a draft stops
+    before a placeholder prediction less than ``min_probability`` probable), or with a
     ``threshold`` accepted unverified when confident (:class:`ConfidentUnitDecoder`)."""
     if threshold is None:
-        return DraftVerifyDecoder(LexicalUnitDrafter(unit_size, placeholder_id), max_draft=unit_size - 1)
+        return DraftVerifyDecoder(LexicalUnitDrafter(unit_size, placeholder_id, min_probability), max_draft=unit_size - 1)
     return ConfidentUnitDecoder(unit_size, threshold, placeholder_id)

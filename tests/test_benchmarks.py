@@ -162,7 +162,7 @@ def test_lud_times_every_decoder_for_both_strategies_at_each_batch_size(tmp_path
     report = _report(_run("lud.py", "--model", str(model), "--limit", "3", "--batch-sizes", "1,2",
                           "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
     runs = {(r["strategy"], r["batch"], r["decoder"]): r for r in report["results"]}
-    assert set(runs) == {(s, b, d) for s in ("ar", "padellm") for b in (1, 2) for d in ("greedy", "copy", "anpd", "lud", "lud (0.9)")}
+    assert set(runs) == {(s, b, d) for s in ("ar", "padellm") for b in (1, 2) for d in ("greedy", "copy", "anpd", "lud", "lud, units of 3", "lud, drafts >= 0.5", "lud (0.9)")}
     for (strategy, batch, decoder), row in runs.items():
         assert row["ms_per_text"] > 0
         if decoder != "lud (0.9)":  # lossless, verified units included: the same entities as greedy

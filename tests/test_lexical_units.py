@@ -4,11 +4,14 @@ to a step-by-step reference."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from general_decoding import StopCriteria, get_decoder
-from general_decoding.lexical_units import accepted_unit, placeholder_adapter, restrict_adapter_to_placeholders
+from general_decoding.draft_verify import RowState
+from general_decoding.lexical_units import LexicalUnitDrafter, accepted_unit, placeholder_adapter, restrict_adapter_to_placeholders
 from ner_service.engine import NEREngine, prompts
 from training.examples import IGNORE, TrainingRow
 from training.configs import LUDConfig
@@ -94,7 +97,8 @@ def test_cached_batched_decoder_equals_the_step_by_step_reference(tiny_engine, t
         assert got.tokens_per_forward > 2
 
 
-def test_verified_units_are_token_for_token_greedy() -> None:
+@pytest.mark.parametrize("unit_size, min_probability", [(4, 0.0), (3, 0.0), (4, 0.5)])
+def test_verified_units_are_token_for_token_greedy(unit_size: int, min_probability: float) -> None:
     from peft import LoraConfig, get_peft_model
 
     engine = NEREngine.load("tiny-conll03")  # its own copy: the adapter stays on it
@@ -110,9 +114,20 @@ def test_verified_units_are_token_for_token_greedy() -> None:
     adapted = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     restrict_adapter_to_placeholders(adapted.get_base_model(), placeholder)
     with torch.inference_mode():
-        verified = get_decoder("lud", unit_size=4, placeholder_id=placeholder).generate(adapted.get_base_model(), ids, stop, attention_mask=mask)
+        verified = get_decoder("lud", unit_size=unit_size, placeholder_id=placeholder, min_probability=min_probability).generate(
+            adapted.get_base_model(), ids, stop, attention_mask=mask)
     assert verified.tokens == greedy.tokens
     assert sum(verified.accepted_per_pass) == sum(len(t) + int(s) for t, s in zip(greedy.tokens, greedy.stopped))
+
+
+def test_a_unit_draft_stops_before_its_first_unlikely_placeholder_prediction() -> None:
+    drafter = LexicalUnitDrafter(unit_size=4, placeholder_id=9, min_probability=0.5)
+    drafter._next = [[]]
+    confident, unsure = math.log(0.8), math.log(0.3)
+    drafter.observe(0, RowState([1]), predictions=[7, 8], accepted=1, trailing=[4, 5, 6], trailing_logprobs=[confident, unsure, confident])
+    assert drafter.propose(0, RowState([1]), budget=3) == [4]
+    drafter.observe(0, RowState([1]), predictions=[7, 8], accepted=0, trailing=[4, 5, 6], trailing_logprobs=[confident] * 3)
+    assert drafter.propose(0, RowState([1]), budget=3) == []  # the draft was not accepted whole: the units no longer follow
 
 
 def test_threshold_above_one_is_greedy_decoding(tiny_engine) -> None:
