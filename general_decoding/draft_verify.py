@@ -241,9 +241,11 @@ class DraftVerifyDecoder(Decoder):
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         predictions = self._choose(logprobs, live, [states[r] for r in live], drafts, constraints)
         # unconstrained (constraints apply to verified columns only); without constraints that is ``predictions``
-        trailing_tokens = (logprobs.argmax(-1) if constraints else predictions) if trailing else None
-        trailing_predictions = trailing_tokens.tolist() if trailing_tokens is not None else None
-        trailing_logprobs = logprobs.gather(-1, trailing_tokens[..., None])[..., 0].tolist() if trailing_tokens is not None else None
+        trailing_predictions = trailing_logprobs = None
+        if trailing:
+            trailing_tokens = logprobs.argmax(-1) if constraints else predictions
+            trailing_predictions = trailing_tokens.tolist()
+            trailing_logprobs = logprobs.gather(-1, trailing_tokens[..., None])[..., 0].tolist()
         chosen = logprobs.gather(-1, predictions[..., None])[..., 0]
         accepted_drafts, emitted = [], 0
         for i, r in enumerate(live):

@@ -126,14 +126,19 @@ def placeholder_adapter(model: PreTrainedModel, placeholder_id: int) -> Placehol
     return columns
 
 
-def accepted_unit(first: int, placeholder_tokens: list[int], placeholder_probs: list[float], threshold: float) -> list[int]:
-    """``first`` and the leading placeholder predictions whose probability is >= ``threshold``."""
-    unit = [first]
-    for token, probability in zip(placeholder_tokens, placeholder_probs):
+def confident_prefix(tokens: list[int], probabilities: list[float], threshold: float) -> list[int]:
+    """The leading ``tokens`` whose probability is >= ``threshold``."""
+    prefix = []
+    for token, probability in zip(tokens, probabilities):
         if probability < threshold:
             break
-        unit.append(token)
-    return unit
+        prefix.append(token)
+    return prefix
+
+
+def accepted_unit(first: int, placeholder_tokens: list[int], placeholder_probs: list[float], threshold: float) -> list[int]:
+    """``first`` and the leading placeholder predictions whose probability is >= ``threshold``."""
+    return [first] + confident_prefix(placeholder_tokens, placeholder_probs, threshold)
 
 
 class ConfidentUnitDecoder(Decoder):
@@ -199,8 +204,7 @@ class LexicalUnitDrafter(Drafter):
             raise ValueError(f"unit_size must be >= 2, got {unit_size}")
         if not 0.0 <= min_probability < 1.0:
             raise ValueError(f"min_probability must be in [0, 1), got {min_probability}")
-        self.unit_size, self.placeholder_id = unit_size, placeholder_id
-        self.min_logprob = math.log(min_probability) if min_probability > 0 else -math.inf
+        self.unit_size, self.placeholder_id, self.min_probability = unit_size, placeholder_id, min_probability
         self._next: list[list[int]] = []
 
     def start(self, states: list[RowState], model: PreTrainedModel) -> None:
@@ -213,13 +217,8 @@ class LexicalUnitDrafter(Drafter):
 
     def observe(self, row: int, state: RowState, predictions: list[int], accepted: int, trailing: list[int],
                 trailing_logprobs: list[float]) -> None:
-        draft: list[int] = []
-        if accepted == len(predictions) - 1:
-            for token, logprob in zip(trailing, trailing_logprobs):
-                if logprob < self.min_logprob:
-                    break
-                draft.append(token)
-        self._next[row] = draft
+        whole = accepted == len(predictions) - 1
+        self._next[row] = confident_prefix(trailing, [math.exp(lp) for lp in trailing_logprobs], self.min_probability) if whole else []
 
 
 @register_decoder("lud")

@@ -122,7 +122,7 @@ def test_verified_units_are_token_for_token_greedy(unit_size: int, min_probabili
 
 def test_a_unit_draft_stops_before_its_first_unlikely_placeholder_prediction() -> None:
     drafter = LexicalUnitDrafter(unit_size=4, placeholder_id=9, min_probability=0.5)
-    drafter._next = [[]]
+    drafter.start([RowState([1])], model=None)  # the placeholder is given: no model needed
     confident, unsure = math.log(0.8), math.log(0.3)
     drafter.observe(0, RowState([1]), predictions=[7, 8], accepted=1, trailing=[4, 5, 6], trailing_logprobs=[confident, unsure, confident])
     assert drafter.propose(0, RowState([1]), budget=3) == [4]
