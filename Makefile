@@ -6,6 +6,7 @@ TEXT ?= Angela Merkel met Emmanuel Macron in Paris to discuss the European Union
 
 .PHONY: install run test bench
 install: $(VENV)/.installed
+	$(VENV)/bin/padellm-ner prepare >/dev/null
 
 $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)

@@ -10,7 +10,7 @@ load: goodput (answers 200 per second), the share of 429s, the p99 latency of th
 answered 200, and the 5xx count (504s when the queue outgrows the timeout; with admission it
 must be 0).
 
-Usage: python benchmarks/api_overload.py [--limit N] [--seconds S] [--timeout S] [--json PATH]
+Usage: python benchmarks/api_overload.py [--limit N] [--seconds S] [--timeout S] [--loads 0.5,1,2,4] [--json PATH]
 """
 
 from __future__ import annotations
@@ -100,7 +100,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds per load level (and for the capacity)")
     parser.add_argument("--timeout", type=float, default=10.0, help="NER_REQUEST_TIMEOUT_S of the server")
     parser.add_argument("--texts", type=int, default=4, help="sentences per request")
+    parser.add_argument("--loads", default=",".join(map(str, LOADS)), help="offered loads, as multiples of the measured capacity")
     args = parser.parse_args()
+    loads = [float(x) for x in args.loads.split(",")]
     sentences = [e.text for e in read_corpus(args.data)[: args.limit]]
     bodies = [{"texts": sentences[i:i + args.texts], "model": args.model} for i in range(0, len(sentences) - args.texts + 1, args.texts)]
     rows = []
@@ -113,7 +115,7 @@ def main() -> None:
             capacity(url, bodies, min(5.0, args.seconds))  # warm up: the rate is measured
             measured = capacity(url, bodies, args.seconds)
             print(f"{mode}: capacity {measured:.2f} requests/s of {args.texts} texts", flush=True)
-            for load in LOADS:
+            for load in loads:
                 answers = offer(url, bodies, load * measured, args.seconds, args.timeout)
                 ok = [s for c, s in zip(answers.codes, answers.latencies_s) if c == 200]
                 rows.append({

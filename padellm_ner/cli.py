@@ -1,4 +1,4 @@
-"""The ``padellm-ner`` command line: extract, evaluate, train, models (and the commands of
+"""The ``padellm-ner`` command line: extract, evaluate, models, prepare (and the commands of
 the API, the pipeline and the trainers, registered from their own modules)."""
 
 from __future__ import annotations
@@ -128,6 +128,16 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from ner_service.engine.model_loading import WHEEL_BASES, resolve_model_folder
+
+    for alias in args.bases or WHEEL_BASES:
+        if alias not in WHEEL_BASES:
+            raise ValueError(f"unknown base {alias!r}; bases: {', '.join(WHEEL_BASES)}")
+        print(f"{alias}: {resolve_model_folder(alias)}")
+    return 0
+
+
 def _extract_options(extract: argparse.ArgumentParser) -> None:
     extract.add_argument("text", nargs="*")
     _add_engine_options(extract)
@@ -160,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the shipped models")
     models.set_defaults(func=cmd_models)
+
+    prepare = sub.add_parser("prepare", help="assemble and de-quantise the bases of the wheels into the cache now "
+                                             "(once; otherwise the first model that needs one waits for it)")
+    prepare.add_argument("bases", nargs="*", help="base aliases (default: every base)")
+    prepare.set_defaults(func=cmd_prepare)
 
     for module in COMMAND_MODULES:
         try:

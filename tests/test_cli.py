@@ -51,6 +51,15 @@ def test_models_lists_the_shipped_models() -> None:
 TINY_BASE = str(Path(__file__).resolve().parent.parent / "ner_service" / "shipped_models" / "tiny-conll03")
 
 
+def test_prepare_leaves_each_base_converted_in_the_cache() -> None:
+    done = run("prepare", "smollm2-135m-instruct")
+    assert done.returncode == 0, done.stderr
+    alias, folder = done.stdout.strip().split(": ")
+    assert alias == "smollm2-135m-instruct" and (Path(folder) / "config.json").is_file() and (Path(folder) / "tokenizer.json").is_file()
+    unknown = run("prepare", "gpt-5")
+    assert unknown.returncode == 2 and "unknown base 'gpt-5'; bases: smollm2-135m-instruct, gemma3-270m" in unknown.stderr
+
+
 def test_bad_training_data_stops_before_training_with_file_line_and_reason(tmp_path: Path) -> None:
     overlap = tmp_path / "overlap.jsonl"
     overlap.write_text(json.dumps({"text": "Paris is nice"}) + "\n" + json.dumps(

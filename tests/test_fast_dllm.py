@@ -312,7 +312,8 @@ def test_training_rows_and_a_short_run_save_a_loadable_model(tmp_path: Path) -> 
 
 def test_an_adapted_ner_model_trains_a_stacked_adapter_that_decodes(tmp_path: Path) -> None:
     """``init`` = an NER model: a LoRA adapter on it, an existing token as the mask, the
-    next-token head kept (``diffusion_shift``); it saves small and loads like any model."""
+    next-token head kept (``diffusion_shift``); it saves small, loads like any model, and a
+    later run trains that adapter further (``init_adapter``)."""
     from ner_service.engine import NERModelConfig
     from training.diffusion import DiffusionConfig, train_diffusion
 
@@ -320,13 +321,15 @@ def test_an_adapted_ner_model_trains_a_stacked_adapter_that_decodes(tmp_path: Pa
     from shutil import copytree
 
     from ner_service.engine.ner_model import resolve_ner_model
+    from safetensors.torch import load_file
 
     corpus = tmp_path / "train.jsonl"
     corpus.write_text('{"text": "Peter lives in Paris .", "entities": [{"start": 0, "end": 5, "label": "PER"}]}\n' * 8, encoding="utf-8")
     ar_model = copytree(resolve_ner_model("tiny-conll03"), tmp_path / "ar-model")
     replace(NERModelConfig.read(ar_model), sentence_windows=True, window_tokens=24, count_bias=0.5).write(ar_model)
-    train_diffusion(DiffusionConfig(train=str(corpus), output=str(tmp_path / "model"), init=str(ar_model), mask_token="^",
-                                    lora_r=4, lora_layers=1, answer_tokens=12, batch_rows=8, max_steps=2, warmup_steps=1))
+    first = DiffusionConfig(train=str(corpus), output=str(tmp_path / "model"), init=str(ar_model), mask_token="^",
+                            lora_r=4, lora_layers=1, answer_tokens=12, batch_rows=8, max_steps=2, warmup_steps=1)
+    train_diffusion(first)
     config = NERModelConfig.read(tmp_path / "model")
     assert (config.base, config.mask_token, config.diffusion_shift, config.diffusion_causal_prompt) == (str(ar_model), "^", True, True)
     assert (config.sentence_windows, config.window_tokens, config.max_ar_tokens) == (True, 24, 12)  # it reads the windows it was adapted on
@@ -336,6 +339,15 @@ def test_an_adapted_ner_model_trains_a_stacked_adapter_that_decodes(tmp_path: Pa
     assert engine.ner_model.tokenizer.mask_token_id == engine.ner_model.tokenizer.convert_tokens_to_ids("^")
     [result] = engine.extract(["Peter lives in Paris ."], strategy="fast_dllm")
     assert result.stats.forward_passes > 0 and all("Peter lives in Paris ."[e.start:e.end] == e.text for e in result.entities)
+
+    # trained further (``init_adapter``): the same adapter, changed, still one adapter on the AR model
+    saved = load_file(tmp_path / "model" / "adapter_model.safetensors")
+    train_diffusion(replace(first, output=str(tmp_path / "further"), init_adapter=str(tmp_path / "model"), seed=1))
+    further = load_file(tmp_path / "further" / "adapter_model.safetensors")
+    assert further.keys() == saved.keys() and any(not torch.equal(further[k], saved[k]) for k in saved)
+    assert NERModelConfig.read(tmp_path / "further").base == str(ar_model)
+    with pytest.raises(ValueError, match="LoRA rank 4 where the run has 8"):
+        train_diffusion(replace(first, output=str(tmp_path / "unfit"), init_adapter=str(tmp_path / "model"), lora_r=8))
 
 
 def test_the_blockwise_schedule_masks_a_block_after_a_clean_prefix_and_everything_after_it() -> None:

@@ -68,15 +68,19 @@ def test_stages_continue_from_the_previous_stage(small_data: Path, tmp_path: Pat
     assert first.dev == str(small_data / "conll2003" / "dev.txt") and second.train == str(small_data / "conll2003" / "train.txt")
 
 
-def test_a_stage_can_train_the_previous_stages_adapter_further(small_data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("trainer", "settings", "start"), [
+    ("lm", 'base = "smollm2-135m-instruct"\nlora_r = 8\n', "base"),
+    ("diffusion", 'init = "en-conll03-v1"\n', "init"),
+])
+def test_a_stage_can_train_the_previous_stages_adapter_further(small_data: Path, tmp_path: Path, trainer: str, settings: str,
+                                                               start: str) -> None:
     path = tmp_path / "longer.toml"
-    settings = '[stages.settings]\nbase = "smollm2-135m-instruct"\nlora_r = 8\n'
-    path.write_text('name = "longer"\ndescription = "an NER model, then more epochs of its adapter"\n'
-                    f'[[stages]]\ntrainer = "lm"\ntrain = "conll2003/train.txt"\n{settings}'
-                    f'[[stages]]\ntrainer = "lm"\ntrain = "conll2003/train.txt"\ncontinues = "adapter"\n{settings}')
+    stage = f'[[stages]]\ntrainer = "{trainer}"\ntrain = "conll2003/train.txt"\n'
+    path.write_text('name = "longer"\ndescription = "a model, then more training of its adapter"\n'
+                    f'{stage}[stages.settings]\n{settings}{stage}continues = "adapter"\n[stages.settings]\n{settings}')
     first, second = stage_configs(load_recipe(path), RecipeRun(small_data, tmp_path / "longer"))
-    assert second.init_adapter == first.output and second.base == first.base == "smollm2-135m-instruct"
-    assert first.init_adapter is None
+    assert second.init_adapter == first.output and first.init_adapter is None
+    assert getattr(second, start) == getattr(first, start)  # the adapter stays on the model it was trained on
 
 
 @pytest.mark.parametrize("text, problem", [

@@ -57,7 +57,7 @@ def test_speculated_counts_and_mention_drafts_give_the_same_entities_in_fewer_fo
     scores) of plain greedy PaDeLLM, one text at a time, in fewer forwards."""
     from corpora import read_corpus
 
-    texts = [e.text for e in read_corpus(data_dir / "conll2003" / "dev.txt") if e.text.strip()][:24]
+    texts = [e.text for e in read_corpus(data_dir / "conll2003" / "dev.txt") if e.text.strip()][:12]
     whole = 160  # each sentence one window, so that the forwards counted are one text's
     plain = NEREngine(en_engine.ner_model, max_window_tokens=whole, speculated_counts=())
     speculating = NEREngine(en_engine.ner_model, max_window_tokens=whole, speculated_counts=(1,))

@@ -102,6 +102,8 @@ class DiffusionConfig:
     lora_r: int = 16  # adapter rank when ``init`` is an NER model
     lora_alpha: int = 32
     lora_layers: int | None = None  # adapt only the top N layers (backward stops below them); None: all
+    #: a diffusion model adapted from ``init`` whose adapter this run trains further (its rank and layers)
+    init_adapter: str | None = None
     mask_token: str = "<empty_output>"  # an existing token an adapted model without a mask token uses as its mask
     #: "uniform" (LLaDA: any subset of the answer masked) or "blockwise" (a clean prefix, a
     #: partly masked block of ``block_size``, the rest masked: what block-wise decoding meets)

@@ -46,7 +46,7 @@ from training.configs import INITS, DiffusionConfig
 from training.tiny_model import build_tokenizer
 from training.checkpoints import CheckpointClock, load_checkpoint, save_checkpoint
 from training.loss import optimizer_step
-from training.trainer import save_adapter
+from training.trainer import continued_adapter, save_adapter
 
 MASK = "<mask>"
 EPS = 1e-3
@@ -195,9 +195,14 @@ def _adapt(config: DiffusionConfig) -> _Start:
     causal_prompt = True if adapted else ner.config.diffusion_causal_prompt
     layers = ner.model.config.num_hidden_layers
     top = None if config.lora_layers is None else list(range(max(0, layers - config.lora_layers), layers))
-    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules=LINEAR_MODULES, layers_to_transform=top,
-                      task_type="CAUSAL_LM")
-    return _Start(get_peft_model(ner.model.float(), lora).train(), tokenizer, ner.config, shift, causal_prompt)
+    if config.init_adapter:
+        model = continued_adapter(ner.model.float(), config.init_adapter, {
+            "base": config.init, "LoRA rank": config.lora_r, "LoRA alpha": config.lora_alpha, "layers": top})
+    else:
+        lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules=LINEAR_MODULES, layers_to_transform=top,
+                          task_type="CAUSAL_LM")
+        model = get_peft_model(ner.model.float(), lora)
+    return _Start(model.train(), tokenizer, ner.config, shift, causal_prompt)
 
 
 def save_diffusion_model(start: _Start, config: DiffusionConfig, labels: list[str], folder: Path, summary: dict) -> None:

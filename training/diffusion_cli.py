@@ -18,7 +18,7 @@ def cmd_train_diffusion(args: argparse.Namespace) -> int:
     config = DiffusionConfig(
         train=args.train, output=args.output, name=args.name, init=args.init, base=args.base, answer_tokens=args.answer_tokens,
         vocab_size=args.vocab_size, hidden_size=args.hidden_size, layers=args.layers, heads=args.heads, lr=args.lr,
-        lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_layers=args.lora_layers, mask_token=args.mask_token,
+        lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_layers=args.lora_layers, init_adapter=args.init_adapter, mask_token=args.mask_token,
         mask_schedule=args.mask_schedule, block_size=args.block_size, warmup_steps=args.warmup_steps, batch_rows=args.batch_rows,
         max_steps=args.max_steps, max_minutes=args.max_minutes, limit=args.limit, save_minutes=args.save_minutes, resume=args.resume,
         seed=args.seed, device=args.device,
@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--lora-r", type=int, default=defaults.lora_r, help="adapter rank (--init with an NER model)")
     parser.add_argument("--lora-alpha", type=int, default=defaults.lora_alpha)
     parser.add_argument("--lora-layers", type=int, default=None, help="adapt only the top N layers (faster: backward stops below them)")
+    parser.add_argument("--init-adapter", default=None,
+                        help="a diffusion model adapted from --init (e.g. en-conll03-diffusion) whose adapter this run trains further")
     parser.add_argument("--mask-token", default=defaults.mask_token, help="existing token used as the mask when adapting an NER model")
     parser.add_argument("--mask-schedule", choices=["uniform", "blockwise"], default=defaults.mask_schedule,
                         help="uniform: LLaDA's (any subset masked); blockwise: a clean prefix, a partly masked block, the rest masked")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -64,7 +65,9 @@ def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedToken
                 model.get_decoder().layers[index].requires_grad_(True)
             model.get_decoder().norm.requires_grad_(True)
     elif config.init_adapter:
-        model = _continued_adapter(model, config, trained)
+        model = continued_adapter(model, config.init_adapter, {
+            "base": config.base, "LoRA rank": config.lora_r, "LoRA alpha": config.lora_alpha,
+            "layers": None if config.top_layers is None else trained})
     else:
         from peft import LoraConfig, get_peft_model
 
@@ -76,19 +79,19 @@ def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedToken
     return model, tokenizer, trained[0]
 
 
-def _continued_adapter(model: torch.nn.Module, config: TrainConfig, trained: list[int]) -> torch.nn.Module:
-    """``model`` with the adapter of the NER model ``config.init_adapter``, trainable: a model
-    trained further stays one adapter on its base, its layers and rank unchanged."""
+def continued_adapter(model: torch.nn.Module, init_adapter: str, expected: Mapping[str, object]) -> torch.nn.Module:
+    """``model`` with the adapter of the NER model ``init_adapter``, trainable: a model trained
+    further stays one adapter on its base. ``expected`` holds the run's base, "LoRA rank",
+    "LoRA alpha" and "layers", each of which must be the adapter's own."""
     from peft import PeftConfig, PeftModel
 
-    folder = resolve_ner_model(config.init_adapter)
+    folder = resolve_ner_model(init_adapter)
     adapter = PeftConfig.from_pretrained(str(folder))
-    ner_base = NERModelConfig.read(folder).base
-    checks = (("base", ner_base, config.base), ("LoRA rank", adapter.r, config.lora_r), ("LoRA alpha", adapter.lora_alpha, config.lora_alpha),
-              ("layers", adapter.layers_to_transform, None if config.top_layers is None else trained))
-    mismatches = [f"{what} {theirs} where the run has {ours}" for what, theirs, ours in checks if theirs != ours]
+    theirs = {"base": NERModelConfig.read(folder).base, "LoRA rank": adapter.r, "LoRA alpha": adapter.lora_alpha,
+              "layers": adapter.layers_to_transform}
+    mismatches = [f"{what} {theirs[what]} where the run has {ours}" for what, ours in expected.items() if theirs[what] != ours]
     if mismatches:
-        raise ValueError(f"--init-adapter {config.init_adapter}: its adapter has " + "; ".join(mismatches))
+        raise ValueError(f"--init-adapter {init_adapter}: its adapter has " + "; ".join(mismatches))
     return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
 
 

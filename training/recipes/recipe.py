@@ -3,8 +3,8 @@
 A recipe is one or more stages; a stage names its trainer, its data (paths relative to a data
 folder, the dev file only scored, never trained on) and the trainer's settings, checked against
 that trainer's config before anything runs. A stage with ``continues = true`` starts from the
-previous stage's result; an ``lm`` stage with ``continues = "adapter"`` trains that result's adapter
-further (more epochs of one model, one adapter in the end).
+previous stage's result; an ``lm`` or ``diffusion`` stage with ``continues = "adapter"`` trains
+that result's adapter further (more epochs of one model, one adapter in the end).
 """
 
 from __future__ import annotations
