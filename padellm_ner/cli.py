@@ -131,9 +131,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from ner_service.engine.model_loading import WHEEL_BASES, resolve_model_folder
 
+    unknown = [alias for alias in args.bases if alias not in WHEEL_BASES]
+    if unknown:  # before converting any: a typo costs no minute of work
+        raise ValueError(f"unknown base {unknown[0]!r}; bases: {', '.join(WHEEL_BASES)}")
     for alias in args.bases or WHEEL_BASES:
-        if alias not in WHEEL_BASES:
-            raise ValueError(f"unknown base {alias!r}; bases: {', '.join(WHEEL_BASES)}")
         print(f"{alias}: {resolve_model_folder(alias)}")
     return 0
 

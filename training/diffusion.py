@@ -46,7 +46,7 @@ from training.configs import INITS, DiffusionConfig
 from training.tiny_model import build_tokenizer
 from training.checkpoints import CheckpointClock, load_checkpoint, save_checkpoint
 from training.loss import optimizer_step
-from training.trainer import continued_adapter, save_adapter
+from training.trainer import AdapterShape, continued_adapter, save_adapter
 
 MASK = "<mask>"
 EPS = 1e-3
@@ -196,8 +196,8 @@ def _adapt(config: DiffusionConfig) -> _Start:
     layers = ner.model.config.num_hidden_layers
     top = None if config.lora_layers is None else list(range(max(0, layers - config.lora_layers), layers))
     if config.init_adapter:
-        model = continued_adapter(ner.model.float(), config.init_adapter, {
-            "base": config.init, "LoRA rank": config.lora_r, "LoRA alpha": config.lora_alpha, "layers": top})
+        model = continued_adapter(ner.model.float(), config.init_adapter,
+                                  AdapterShape(config.init, config.lora_r, config.lora_alpha, top))
     else:
         lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules=LINEAR_MODULES, layers_to_transform=top,
                           task_type="CAUSAL_LM")

@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -65,9 +64,8 @@ def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedToken
                 model.get_decoder().layers[index].requires_grad_(True)
             model.get_decoder().norm.requires_grad_(True)
     elif config.init_adapter:
-        model = continued_adapter(model, config.init_adapter, {
-            "base": config.base, "LoRA rank": config.lora_r, "LoRA alpha": config.lora_alpha,
-            "layers": None if config.top_layers is None else trained})
+        model = continued_adapter(model, config.init_adapter, AdapterShape(
+            config.base, config.lora_r, config.lora_alpha, None if config.top_layers is None else trained))
     else:
         from peft import LoraConfig, get_peft_model
 
@@ -79,17 +77,29 @@ def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedToken
     return model, tokenizer, trained[0]
 
 
-def continued_adapter(model: torch.nn.Module, init_adapter: str, expected: Mapping[str, object]) -> torch.nn.Module:
+@dataclass(frozen=True)
+class AdapterShape:
+    """What a LoRA adapter must share with a run that trains it further."""
+
+    base: str
+    rank: int
+    alpha: int
+    layers: list[int] | None  # None: every layer
+
+    #: how an error message names each field
+    NAMES = {"base": "base", "rank": "LoRA rank", "alpha": "LoRA alpha", "layers": "layers"}
+
+
+def continued_adapter(model: torch.nn.Module, init_adapter: str, run: AdapterShape) -> torch.nn.Module:
     """``model`` with the adapter of the NER model ``init_adapter``, trainable: a model trained
-    further stays one adapter on its base. ``expected`` holds the run's base, "LoRA rank",
-    "LoRA alpha" and "layers", each of which must be the adapter's own."""
+    further stays one adapter on its base, whose shape must be the ``run``'s."""
     from peft import PeftConfig, PeftModel
 
     folder = resolve_ner_model(init_adapter)
     adapter = PeftConfig.from_pretrained(str(folder))
-    theirs = {"base": NERModelConfig.read(folder).base, "LoRA rank": adapter.r, "LoRA alpha": adapter.lora_alpha,
-              "layers": adapter.layers_to_transform}
-    mismatches = [f"{what} {theirs[what]} where the run has {ours}" for what, ours in expected.items() if theirs[what] != ours]
+    theirs = AdapterShape(NERModelConfig.read(folder).base, adapter.r, adapter.lora_alpha, adapter.layers_to_transform)
+    mismatches = [f"{AdapterShape.NAMES[f.name]} {getattr(theirs, f.name)} where the run has {getattr(run, f.name)}"
+                  for f in fields(AdapterShape) if getattr(theirs, f.name) != getattr(run, f.name)]
     if mismatches:
         raise ValueError(f"--init-adapter {init_adapter}: its adapter has " + "; ".join(mismatches))
     return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
