@@ -40,8 +40,20 @@ def _engine(args: argparse.Namespace):
 
     from ner_service.engine import NEREngine
 
-    return NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=args.count_bias,
+    return NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=_count_bias(args),
                           repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned)
+
+
+def _count_bias(args: argparse.Namespace):
+    """The model's count bias with ``--count-bias`` applied (None: the model's as it is)."""
+    from ner_service.engine import NERModelConfig
+    from ner_service.engine.count_bias import CountBias
+    from ner_service.engine.ner_model import resolve_ner_model
+
+    if args.count_bias is None:
+        return None
+    config = NERModelConfig.read(resolve_ner_model(args.model))
+    return CountBias.of(config.count_bias).overridden(args.count_bias, config.labels)
 
 
 def _options(args: argparse.Namespace):
@@ -65,8 +77,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", default=None, help="comma-separated subset of the model's labels")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--count-bias", type=float, default=None,
-                        help="PaDeLLM: favour larger counts by this much log-probability per unit (default: the model's count_bias)")
+    parser.add_argument("--count-bias", default=None,
+                        help="PaDeLLM: favour larger counts by this much log-probability per unit of a count, for every label (0.5) "
+                             "or some (ORG=1,MISC=0.75; the others keep the model's) (default: the model's count_bias)")
     parser.add_argument("--no-repair-duplicates", dest="repair_duplicates", action="store_false",
                         help="PaDeLLM: keep a mention answered more often than the text holds it instead of re-asking it")
     parser.add_argument("--repair-unaligned", action=argparse.BooleanOptionalAction, default=None,
@@ -116,6 +129,30 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate_counts(args: argparse.Namespace) -> int:
+    import torch
+
+    from corpora import read_corpus
+    from ner_service.engine import NEREngine, NERModelConfig
+    from ner_service.engine.count_bias import CountBias
+    from ner_service.engine.ner_model import resolve_ner_model
+    from training.count_calibration import calibrate, count_scores, table
+
+    engine = NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=_count_bias(args))
+    scores = count_scores(engine, read_corpus(args.path)[: args.limit], args.batch_size)
+    calibrations = calibrate(scores, engine.count_bias, engine.labels)
+    print(table(calibrations, engine.count_bias))
+    setting = CountBias.of({c.label: c.bias for c in calibrations}).setting(engine.labels)
+    print(f"count_bias: {json.dumps(setting)}")
+    if args.write:
+        folder = resolve_ner_model(args.model)
+        config = NERModelConfig.read(folder)
+        config.count_bias = setting
+        config.write(folder)
+        print(f"written to {folder / 'ner_model.json'}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from ner_service.engine.ner_model import SELF_CONTAINED, NERModelConfig, resolve_ner_model, shipped_model_names
 
@@ -158,6 +195,19 @@ def _evaluate_options(evaluate: argparse.ArgumentParser) -> None:
     _add_engine_options(evaluate)
 
 
+def _calibrate_counts_options(calibrate: argparse.ArgumentParser) -> None:
+    from ner_service.engine import DEFAULT_MODEL
+
+    calibrate.add_argument("path", help="a dev corpus file (never the training file)")
+    calibrate.add_argument("--limit", type=int, default=None, help="the first N texts")
+    calibrate.add_argument("--batch-size", type=int, default=16)
+    calibrate.add_argument("--write", action="store_true", help="write the chosen biases into the model's ner_model.json")
+    calibrate.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
+    calibrate.add_argument("--device", default="cpu")
+    calibrate.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    calibrate.add_argument("--count-bias", default=None, help="the bias to compare with, as for evaluate (default: the model's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="padellm-ner", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -168,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("evaluate", help="span micro-F1 and latency on a corpus file", options=_evaluate_options)
     evaluate.set_defaults(func=cmd_evaluate)
+
+    calibrate = sub.add_parser("calibrate-counts", help="choose each label's PaDeLLM count bias on a dev file "
+                                                        "(the counts closest to the gold ones)", options=_calibrate_counts_options)
+    calibrate.set_defaults(func=cmd_calibrate_counts)
 
     models = sub.add_parser("models", help="list the shipped models")
     models.set_defaults(func=cmd_models)

@@ -19,6 +19,7 @@ import torch
 from general_decoding import Decoder, get_decoder
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window, windows_of
+from ner_service.engine.count_bias import CountBias, CountBiasSetting
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
 from ner_service.engine.options import ExtractOptions
 from ner_service.engine.results import Extraction, ExtractionStats
@@ -40,7 +41,8 @@ MAX_WINDOW_TOKENS = 160
 class NEREngine:
     """Extract entities with a loaded :class:`NERModel`; shared by CLI, API, spaCy and workers."""
 
-    def __init__(self, ner_model: NERModel, max_window_tokens: int | None = None, max_batch_texts: int = 16, count_bias: float | None = None,
+    def __init__(self, ner_model: NERModel, max_window_tokens: int | None = None, max_batch_texts: int = 16,
+                 count_bias: CountBiasSetting | CountBias | None = None,
                  repair_duplicates: bool = True, repair_unaligned: bool | None = None,
                  speculated_counts: tuple[int, ...] | None = None,
                  diffusion_sampler: "BlockDiffusionSampler | None" = None) -> None:
@@ -51,7 +53,7 @@ class NEREngine:
         self.ner_model = ner_model
         self.max_window_tokens = max_window_tokens or ner_model.config.window_tokens or MAX_WINDOW_TOKENS
         self.max_batch_texts = max_batch_texts
-        self.count_bias = ner_model.config.count_bias if count_bias is None else count_bias
+        self.count_bias = CountBias.of(ner_model.config.count_bias if count_bias is None else count_bias).checked(ner_model.config.labels)
         self.repair_duplicates = repair_duplicates
         self.repair_unaligned = ner_model.config.repair_unaligned if repair_unaligned is None else repair_unaligned
         self.speculated_counts = SPECULATED_COUNTS.get(ner_model.device.type, ()) if speculated_counts is None else tuple(speculated_counts)

@@ -13,6 +13,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ner_service.engine.count_bias import CountBiasSetting
 from ner_service.engine.model_loading import ModelNotFoundError, load_causal_lm
 
 if TYPE_CHECKING:  # torch is imported by loading, not by reading a model's ner_model.json
@@ -43,7 +44,7 @@ class NERModelConfig:
     label_names: dict[str, str] = field(default_factory=dict)
     lud_placeholder: str | None = None  # set by `train-lud`: the placeholder token of lexical-unit decoding
     lud_unit_size: int | None = None
-    count_bias: float = 0.0  # added to a count's log-probability per unit of its first digit (PaDeLLM)
+    count_bias: CountBiasSetting = 0.0  # PaDeLLM: per unit of a count's first digit, for every label or per label (count_bias.py)
     repair_unaligned: bool = True  # PaDeLLM: re-ask a mention not in the text, restricted to its spans
     sentence_windows: bool = False  # read each sentence as a window of its own (trained on single sentences)
     window_tokens: int | None = None  # the longest window read, in text tokens (None: the engine's); chosen on dev

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from general_decoding import Decoder
 from ner_service.engine.chunking import Window
+from ner_service.engine.count_bias import CountBias
 from ner_service.engine.ner_model import NERModel, NERModelConfig
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.spans import Mention
@@ -20,14 +21,14 @@ if TYPE_CHECKING:
 class StrategyOptions:
     """The engine's settings that strategies read, resolved against the model's defaults.
 
-    ``count_bias`` favours larger counts (PaDeLLM: a count's first digit d gets ``d *
-    count_bias`` added to its log-probability); ``repair_duplicates`` re-asks a mention answered
+    ``count_bias`` favours larger counts (PaDeLLM: a count's first digit d gets ``d`` times its
+    label's bias added to its log-probability); ``repair_duplicates`` re-asks a mention answered
     more often than the text holds it; ``repair_unaligned`` re-asks one that is not in the text
     at all, restricted to spans of it; ``speculated_counts`` are the counts whose mention queries
     PaDeLLM feeds with the count queries (:mod:`.padellm`); ``diffusion_sampler`` samples
     Fast-dLLM's answers (None: the default sampler)."""
 
-    count_bias: float = 0.0
+    count_bias: CountBias = CountBias()
     repair_duplicates: bool = True
     repair_unaligned: bool = False
     speculated_counts: tuple[int, ...] = ()

@@ -3,7 +3,7 @@
 For a batch of windows:
 
 1. one forward runs every window once as a prefix, with all of its count queries as branches
-   (:meth:`QueryRunner.encode`): each (window, label) count's first token (with ``count_bias``,
+   (:meth:`QueryRunner.encode`): each (window, label) count's first token (with each label's ``count_bias``,
    larger counts are favoured). Next to each count query it speculates: it also feeds the
    mention queries that the counts in ``speculated_counts`` lead to (``PER count:1\nPER 1:``);
    when the count is one of those, its confirmation and its mentions' first tokens come from
@@ -21,7 +21,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from general_decoding import Decoder, TokenBias, choose
+import torch
+
+from general_decoding import Decoder, TokenBias
 from ner_service.engine import prompts
 from ner_service.engine.query_runners import QueryRunner, SharedPrefixRunner
 from ner_service.engine.chunking import Window
@@ -85,18 +87,28 @@ class PaDeLLM(Strategy):
                     paths += [MentionQuery(0, label, count, k).token_ids(self.ner_model) for k in range(1, count + 1)]
         return paths
 
+    def count_log_probs(self, runner: QueryRunner, windows: list[Window], labels: list[str], stats: ExtractionStats) -> torch.Tensor:
+        """``[windows * labels, vocabulary]`` log-probabilities of each (window, label) count's
+        first token, window by window in the order of ``labels`` (one forward: the windows
+        encoded with their count queries and any speculated branches)."""
+        counting = [count_query_ids(self.ner_model, label) for label in labels]
+        logits = runner.encode(counting + self._speculated(windows, labels), stats)[:, : len(labels)]
+        return logits.flatten(0, 1).float().log_softmax(-1)
+
+    def biased(self, log_probs: torch.Tensor, labels: list[str]) -> torch.Tensor:
+        """``log_probs`` (rows as :meth:`count_log_probs` orders them) with each label's
+        ``count_bias`` per unit of a first digit added (a :class:`TokenBias` per label), in place."""
+        per_label = log_probs.view(-1, len(labels), log_probs.shape[-1])
+        for index, label in enumerate(labels):
+            if bias := self.options.count_bias.for_label(label):
+                TokenBias({token: bias * digit for digit, token in self.digit_ids.items()}).apply(per_label[:, index], [], [])
+        return log_probs
+
     def _counts(self, runner: QueryRunner, windows: list[Window], labels: list[str],
                 stats: ExtractionStats) -> tuple[dict[WindowLabel, int], list[Branch]]:
         """Each (window, label)'s count from its first token (0 left out), and the branches that
         confirm each count (its query and that token: what follows must be the end token)."""
-        counting = [count_query_ids(self.ner_model, label) for label in labels]
-        logits = runner.encode(counting + self._speculated(windows, labels), stats)[:, : len(labels)].flatten(0, 1)
-        if self.options.count_bias:
-            bias = TokenBias({token: self.options.count_bias * digit for digit, token in self.digit_ids.items()})
-            logits = logits.float().log_softmax(-1)
-            first = choose(logits, [bias], range(len(logits)), [[] for _ in range(len(logits))]).tolist()
-        else:
-            first = logits.argmax(-1).tolist()
+        first = self.biased(self.count_log_probs(runner, windows, labels, stats), labels).argmax(-1).tolist()
         decode = self.ner_model.tokenizer.decode
         counts: dict[WindowLabel, int] = {}
         confirm: list[Branch] = []

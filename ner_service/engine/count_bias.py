@@ -1,0 +1,76 @@
+"""How much PaDeLLM favours larger counts, per label.
+
+A model that under-counts (its recall trails its precision) answers more mentions when its
+count's first digit d gets ``d * bias`` added to its log-probability. Labels under-count
+unequally (CoNLL-03: ORG and MISC more than PER), so the bias is per label: ``ner_model.json``
+holds one number for every label or a ``{label: bias}`` table (labels left out: 0), chosen on dev
+by ``padellm-ner calibrate-counts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+#: What ``ner_model.json``'s ``count_bias`` holds: one bias for every label, or one per label.
+CountBiasSetting = float | dict[str, float]
+
+
+class InvalidCountBiasError(ValueError):
+    """A count bias that names an unknown label or is not a number."""
+
+
+@dataclass(frozen=True)
+class CountBias:
+    """Log-probability added per unit of a count's first digit: ``default`` for every label but
+    those of ``per_label`` (a tuple of pairs, so that options stay hashable)."""
+
+    default: float = 0.0
+    per_label: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def of(cls, setting: "CountBiasSetting | CountBias") -> "CountBias":
+        """The bias a ``count_bias`` setting holds (a number for all labels, or a table)."""
+        if isinstance(setting, CountBias):
+            return setting
+        if isinstance(setting, Mapping):
+            return cls(0.0, tuple(sorted((str(label), _number(bias)) for label, bias in setting.items())))
+        return cls(_number(setting))
+
+    def for_label(self, label: str) -> float:
+        return dict(self.per_label).get(label, self.default)
+
+    def checked(self, labels: Iterable[str]) -> "CountBias":
+        """This bias, when every label it names is one of ``labels``; else :class:`InvalidCountBiasError`."""
+        known = list(labels)
+        unknown = sorted({label for label, _ in self.per_label} - set(known))
+        if unknown:
+            raise InvalidCountBiasError(f"count bias for unknown label(s) {', '.join(map(repr, unknown))}; the model's labels: {', '.join(known)}")
+        return self
+
+    def setting(self, labels: Iterable[str]) -> CountBiasSetting:
+        """This bias as ``ner_model.json`` writes it for a model of ``labels``: one number when every
+        label has the same."""
+        biases = {label: self.for_label(label) for label in labels}
+        return next(iter(biases.values())) if len(set(biases.values())) == 1 else biases
+
+    def overridden(self, spec: str, labels: Iterable[str]) -> "CountBias":
+        """This bias with a command line's ``spec`` applied: ``0.5`` for every label, or
+        ``ORG=1,MISC=0.75`` for those labels only. Raises :class:`InvalidCountBiasError`."""
+        known = list(labels)
+        if "=" not in spec:
+            return CountBias(_number(spec))
+        table = {label: self.for_label(label) for label in known}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            label, _, value = item.partition("=")
+            table[label.strip()] = _number(value)
+        return CountBias.of(table).checked(known)
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool):
+        value = str(value)
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InvalidCountBiasError(f"a count bias is a number or LABEL=NUMBER pairs, not {value!r}") from None
