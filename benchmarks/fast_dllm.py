@@ -11,13 +11,14 @@ speed-up over the baseline sampler of the same block size. Optionally the PaDeLL
 (en-conll03) is scored on the same texts for reference.
 
 Usage: python benchmarks/fast_dllm.py [--limit N] [--json PATH] [--model FOLDER] [--data FILE]
-       [--block-sizes 4,8,16] [--thresholds 0.7,0.8,0.9,0.95]
+       [--block-sizes 4,8,16] [--thresholds 0.7,0.8,0.9,0.95] [--full-forward-every 3,first] [--variants '+both (left']
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +56,10 @@ class Variant:
     factor: float | None = None
 
 
-def variants(block_sizes: list[int], thresholds: list[float]) -> list[Variant]:
-    """Every configuration: baseline, +cache, +parallel, +both, over block sizes and thresholds."""
+def variants(block_sizes: list[int], thresholds: list[float], full_forward_every: Sequence[int | None] = ()) -> list[Variant]:
+    """Every configuration: baseline, +cache, +parallel, +both, over block sizes and thresholds;
+    for each of ``full_forward_every``, left to right with a full forward only every that many
+    blocks (None: the first), the others started from the cache of the block before."""
     out = []
     for size in block_sizes:
         baseline = llada_sampler(size)
@@ -67,6 +70,10 @@ def variants(block_sizes: list[int], thresholds: list[float]) -> list[Variant]:
             out.append(Variant("+parallel", size, BlockDiffusionSampler(size, ThresholdUnmasking(threshold)), threshold=threshold))
             out.append(Variant("+both", size, BlockDiffusionSampler(size, ThresholdUnmasking(threshold), cache="dual"), threshold=threshold))
             out.append(Variant("+both (left to right)", size, fast_dllm_sampler(size, threshold, "dual", left_to_right=True), threshold=threshold))
+            for every in full_forward_every:
+                name = f"+both (left to right, full forward {'first block only' if every is None else f'every {every} blocks'})"
+                out.append(Variant(name, size, fast_dllm_sampler(size, threshold, "dual", left_to_right=True, full_forward_every=every),
+                                   threshold=threshold))
         out.append(Variant("+both (prefix)", size, BlockDiffusionSampler(size, ThresholdUnmasking(0.9), cache="prefix"), threshold=0.9))
         out.append(Variant("+parallel (factor)", size, BlockDiffusionSampler(size, FactorUnmasking(FACTOR)), factor=FACTOR))
         out.append(Variant("+both (factor)", size, BlockDiffusionSampler(size, FactorUnmasking(FACTOR), cache="dual"), factor=FACTOR))
@@ -86,6 +93,10 @@ def plot(path: Path, results: list[dict], reference_f1: float | None, title: str
     for row in results:
         kind = "left to right" if "left to right" in row["variant"] else row["variant"].split(" ")[0]
         axis.scatter(row["speedup"], row["f1"], marker=markers[kind], color=colours[row["block_size"]], s=70 if kind in ("+both", "left to right") else 40)
+        if kind == "left to right":  # several per block size: say which
+            label = f"{row['threshold']}" + (", first block full" if "first block only" in row["variant"] else
+                                               ", full every " + row["variant"].split("every ")[1].split(" ")[0] if "every" in row["variant"] else "")
+            axis.annotate(label, (row["speedup"], row["f1"]), textcoords="offset points", xytext=(5, 4), fontsize=7)
     for kind, marker in markers.items():
         axis.scatter([], [], marker=marker, color="grey", label=kind)
     for size, colour in colours.items():
@@ -107,12 +118,20 @@ def main() -> None:
     parser.add_argument("--padellm", default="en-conll03", help="PaDeLLM model scored on the same texts ('' to skip)")
     parser.add_argument("--block-sizes", default=",".join(map(str, BLOCK_SIZES)))
     parser.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
+    parser.add_argument("--full-forward-every", default="",
+                        help="also left to right with a full forward only every N blocks, for each N given ('first': only the first block)")
+    parser.add_argument("--variants", default="", help="only the variants whose names start with these (comma-separated; "
+                                                         "the baseline always runs), e.g. '+both (left'")
     args = parser.parse_args()
     require_model("fast_dllm", args.model, RECIPE)
 
     engine = NEREngine.load(args.model)
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
-    configs = variants([int(b) for b in args.block_sizes.split(",")], [float(t) for t in args.thresholds.split(",")])
+    configs = variants([int(b) for b in args.block_sizes.split(",")], [float(t) for t in args.thresholds.split(",")],
+                       [None if every == "first" else int(every) for every in args.full_forward_every.split(",") if every])
+    if args.variants:
+        wanted = [name.strip() for name in args.variants.split(",")]
+        configs = [c for c in configs if c.variant == "baseline" or any(c.variant.startswith(name) for name in wanted)]
     seconds = [0.0] * len(configs)
     tokens = [0] * len(configs)
     forwards = [0] * len(configs)

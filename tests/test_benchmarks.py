@@ -143,12 +143,18 @@ def test_fast_dllm_times_every_sampler_against_lladas_on_the_shipped_diffusion_m
     if not (REPO / "ner_service" / "shipped_models" / "en-conll03-diffusion" / "ner_model.json").is_file():
         pytest.skip("the shipped en-conll03-diffusion model is not in this checkout")
     out = tmp_path / "fast_dllm.json"
-    report = _report(_run("fast_dllm.py", "--limit", "2", "--batch-size", "2", "--block-sizes", "8", "--thresholds", "0.9", "--padellm", "",
-                          "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    common = ("--limit", "2", "--batch-size", "2", "--block-sizes", "8", "--thresholds", "0.9", "--padellm", "",
+              "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out))
+    report = _report(_run("fast_dllm.py", *common, "--full-forward-every", "first"), out)
     rows = {row["variant"]: row for row in report["results"]}
-    assert {"baseline", "+cache (dual)", "+both", "+both (left to right)", "+both (factor)"} <= set(rows)
+    first_only = "+both (left to right, full forward first block only)"
+    assert {"baseline", "+cache (dual)", "+both", "+both (left to right)", "+both (factor)", first_only} <= set(rows)
     assert rows["baseline"]["speedup"] == 1.0
     assert rows["+both (left to right)"]["forwards_per_text"] < rows["baseline"]["forwards_per_text"]
+    assert rows[first_only]["forwards_per_text"] < rows["baseline"]["forwards_per_text"]
+    chosen = _report(_run("fast_dllm.py", *common, "--full-forward-every", "3", "--variants", "+both (left"), out)
+    assert [row["variant"] for row in chosen["results"]] == ["baseline", "+both (left to right)",
+                                                             "+both (left to right, full forward every 3 blocks)"]
 
 
 def test_lud_times_every_decoder_for_both_strategies_at_each_batch_size(tmp_path: Path, data_dir: Path) -> None:

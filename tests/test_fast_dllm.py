@@ -23,6 +23,7 @@ from general_decoding.diffusion import (
     fast_dllm_sampler,
     llada_sampler,
 )
+from general_decoding.diffusion.sampler import BlockStartCache
 from ner_service.engine import NEREngine, prompts
 from ner_service.engine import UnsupportedStrategyError
 from corpora import Example, Span
@@ -230,10 +231,63 @@ def test_padding_in_a_batch_does_not_change_a_row(batch: dict) -> None:
     assert alone.tokens[0] == together.tokens[3]
 
 
+@pytest.mark.parametrize(("shift", "causal_prompt"), [(False, False), (True, False), (True, True)])
+def test_a_block_started_from_the_block_befores_cache_gives_the_full_forward(batch: dict, shift: bool, causal_prompt: bool) -> None:
+    """Starting a block from the cache the block before started with (``full_forward_every``) reruns
+    only the columns that changed: where nothing else changed since, it is the full forward, its
+    hidden states and the cache of the block's later steps alike."""
+    sampler = BlockDiffusionSampler(8, ThresholdUnmasking(0.9), cache="dual", shift=shift, causal_prompt=causal_prompt, full_forward_every=None)
+    model = batch["model"]
+    ids, key_mask = left_pad(batch["prompts"], batch["eos_id"])
+    start = ids.shape[1]
+    ids = torch.cat([ids, torch.full((len(ids), 24), batch["mask_id"])], dim=1)
+    ids[:, start:start + 8] = batch["eos_id"]  # the first block decoded; the second next
+    key_mask = torch.cat([key_mask, torch.ones(len(ids), 24, dtype=torch.long)], dim=1)
+    positions = (key_mask.cumsum(-1) - 1).clamp(min=0)
+    mask = causal_prompt_mask(key_mask, model.dtype, start) if causal_prompt else bidirectional_mask(key_mask, model.dtype)
+    rows = torch.tensor([0, 2, 3])  # row 1 finished with the first block
+    with torch.inference_mode():
+        _, first, first_mask = sampler._full(model, ids, positions, key_mask, mask, start, start + 8)
+        carried = BlockStartCache.of(first, sampler._cached_columns(start, start + 8, ids.shape[1]), torch.arange(len(ids)), first_mask, 0)
+        full, full_kv, full_kept = sampler._full(model, ids[rows], positions[rows], key_mask[rows], mask[rows], start + 8, start + 16)
+        restarted, kv, kept = sampler._restart(model, ids[rows], positions[rows], key_mask[rows], carried, rows, start + 8, start + 16, start)
+    torch.testing.assert_close(restarted, full, atol=2e-5, rtol=1e-4)
+    assert torch.equal(kept, full_kept)
+    real = kept.bool()  # a padding column's keys are never attended
+    for mine, theirs in zip(kv.layers, full_kv.layers):
+        torch.testing.assert_close(mine.keys.transpose(1, 2)[real], theirs.keys.transpose(1, 2)[real], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(mine.values.transpose(1, 2)[real], theirs.values.transpose(1, 2)[real], atol=2e-5, rtol=1e-4)
+
+
+def test_blocks_started_from_the_block_befores_cache_run_narrow_and_keep_the_answers(batch: dict) -> None:
+    """After the first block, a block starts with a forward of two blocks rather than of the
+    whole answer, and every ``full_forward_every``-th block runs the whole answer again."""
+    widths: list[int] = []
+    hook = batch["model"].get_decoder().register_forward_hook(lambda module, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1]),
+                                                              with_kwargs=True)
+    try:
+        exact = _run(BlockDiffusionSampler(8, LeftToRightUnmasking(0.9), cache="dual"), batch)
+        full_starts = [w for w in widths if w > 8]
+        widths.clear()
+        reused = _run(BlockDiffusionSampler(8, LeftToRightUnmasking(0.9), cache="dual", full_forward_every=3), batch)
+    finally:
+        hook.remove()
+    assert reused.tokens == exact.tokens and reused.forward_passes == exact.forward_passes
+    starts = [w for w in widths if w > 8]
+    assert len(starts) == len(full_starts) >= 3  # one forward wider than a block per block start, as before
+    assert starts[0] == full_starts[0] >= batch["answer_length"]  # the first runs the whole answer
+    assert starts[1:3] == [16, 16] and starts[3:4] == full_starts[3:4]  # two blocks start narrow, then a full forward
+    with pytest.raises(ValueError, match="dual"):
+        BlockDiffusionSampler(8, cache="prefix", full_forward_every=None)
+    with pytest.raises(ValueError, match=">= 1"):
+        BlockDiffusionSampler(8, cache="dual", full_forward_every=0)
+
+
+@pytest.mark.parametrize("full_forward_every", [1, None], ids=["full-starts", "first-full-only"])
 @pytest.mark.parametrize("unmasking", [ThresholdUnmasking(0.9), LeftToRightUnmasking(0.9)], ids=["threshold", "left-to-right"])
-def test_each_row_of_a_cached_batch_gets_the_answer_it_gets_alone(batch: dict, unmasking) -> None:
+def test_each_row_of_a_cached_batch_gets_the_answer_it_gets_alone(batch: dict, unmasking, full_forward_every: int | None) -> None:
     # rows finish a block at different steps and leave the cached steps; the others go on exactly
-    sampler = BlockDiffusionSampler(8, unmasking, cache="dual")
+    sampler = BlockDiffusionSampler(8, unmasking, cache="dual", full_forward_every=full_forward_every)
     together = _run(sampler, batch)
     assert len(set(map(len, together.tokens))) > 1, "the rows should end at different lengths"
     for row in range(len(TEXTS)):

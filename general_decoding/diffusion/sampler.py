@@ -12,7 +12,11 @@ rule fills some masked positions with their most likely tokens. Caches (Fast-dLL
 
 The cache is approximate (the cached columns would see the newly unmasked tokens); it is
 rebuilt at every block boundary, and every ``refresh_every`` steps when that is set
-(``refresh_every=1`` reproduces the uncached sampler exactly). Once a row has produced the
+(``refresh_every=1`` reproduces the uncached sampler exactly). With a dual cache, a block's
+first forward runs every column of the answer, most of them the masked columns after the block;
+with ``full_forward_every`` k, only every k-th block does (None: only the first), and the others
+start from the cache the block before started with (its suffix as the last full forward computed
+it), running only the block before (now decoded) and the block. Once a row has produced the
 end token, it leaves the batch: its later blocks are filled with end tokens without decoding.
 
 ``shift`` reads each position's token from the hidden state one column to its left, as the
@@ -71,6 +75,36 @@ class PromptCache:
         return cache
 
 
+@dataclass(frozen=True)
+class BlockStartCache:
+    """The keys and values of a dual cache as a block's first forward left them, for the next
+    block to start from: absolute ``columns`` of the batch rows ``rows``, their padding mask, and
+    how many blocks have started since the last full forward."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    columns: list[int]
+    rows: torch.Tensor
+    key_mask: torch.Tensor
+    blocks_since_full: int
+
+    @classmethod
+    def of(cls, cache: DynamicCache, columns: list[int], rows: torch.Tensor, key_mask: torch.Tensor,
+           blocks_since_full: int) -> "BlockStartCache":
+        return cls([(layer.keys, layer.values) for layer in cache.layers], columns, rows, key_mask, blocks_since_full)
+
+    def for_rows(self, rows: torch.Tensor, columns: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+        """A new cache of ``rows`` (a subset of this one's) holding ``columns`` (a subset of this
+        one's), in that order, with their padding mask."""
+        where = {row: index for index, row in enumerate(self.rows.tolist())}
+        picked = torch.tensor([where[row] for row in rows.tolist()], device=self.key_mask.device)
+        at = {column: index for index, column in enumerate(self.columns)}
+        kept = torch.tensor([at[column] for column in columns], dtype=torch.long, device=self.key_mask.device)
+        cache = DynamicCache()
+        for index, (keys, values) in enumerate(self.layers):
+            cache.update(keys[picked][:, :, kept], values[picked][:, :, kept], index)
+        return cache, self.key_mask[picked][:, kept]
+
+
 @dataclass
 class BlockDiffusionSampler:
     """LLaDA / Fast-dLLM sampler over any Hugging Face decoder run with a bidirectional mask."""
@@ -81,12 +115,17 @@ class BlockDiffusionSampler:
     refresh_every: int | None = None
     shift: bool = False
     causal_prompt: bool = False
+    full_forward_every: int | None = 1
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_MODES:
             raise ValueError(f"unknown cache {self.cache!r}; choose one of {', '.join(CACHE_MODES)}")
         if self.refresh_every is not None and self.refresh_every < 1:
             raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
+        if self.full_forward_every is not None and self.full_forward_every < 1:
+            raise ValueError(f"full_forward_every must be >= 1 or None, got {self.full_forward_every}")
+        if self.full_forward_every != 1 and self.cache != "dual":
+            raise ValueError(f"a block that starts from the cache of the block before needs the dual cache, not {self.cache!r}")
 
     def sample(self, model: PreTrainedModel, prompts: list[list[int]], answer_length: int, mask_id: int, eos_id: int,
                pad_id: int | None = None) -> DiffusionOutput:
@@ -108,6 +147,7 @@ class BlockDiffusionSampler:
         prompt = self._encode_prompt(model, ids, positions, full_mask, start_answer - int(self.shift)) if self.causal_prompt else None
         logprobs = torch.zeros(ids.shape, dtype=torch.float32, device=device)
         out = DiffusionOutput([], [], [])
+        carried: BlockStartCache | None = None
         for start, end in block_bounds(start_answer, answer_length, self.block_size):
             done = (ids[:, start_answer:start] == eos_id).any(-1)
             ids[done, start:] = torch.where(ids[done, start:] == mask_id, eos_id, ids[done, start:])
@@ -115,8 +155,8 @@ class BlockDiffusionSampler:
                 break
             active = (~done).nonzero().squeeze(-1)  # finished rows leave the batch
             block_ids, block_logprobs = ids[active], logprobs[active]
-            step = self._block(model, block_ids, positions[active], key_mask[active], full_mask[active], block_logprobs, start_answer, start, end,
-                               mask_id, None if prompt is None else (prompt, active))
+            step, carried = self._block(model, block_ids, positions[active], key_mask[active], full_mask[active], block_logprobs, start_answer,
+                                        start, end, mask_id, active, prompt, carried)
             ids[active], logprobs[active] = block_ids, block_logprobs
             out.forward_passes += step
             out.steps_per_block.append(step)
@@ -145,19 +185,28 @@ class BlockDiffusionSampler:
         return PromptCache([(layer.keys, layer.values) for layer in cache.layers], columns)
 
     def _block(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor, full_mask: torch.Tensor,
-               logprobs: torch.Tensor, answer_start: int, start: int, end: int, mask_id: int,
-               prompt: tuple[PromptCache, torch.Tensor] | None = None) -> int:
+               logprobs: torch.Tensor, answer_start: int, start: int, end: int, mask_id: int, batch_rows: torch.Tensor,
+               prompt: PromptCache | None = None, carried: BlockStartCache | None = None) -> tuple[int, BlockStartCache | None]:
         """Unmask columns ``[start, end)`` of every row in place; return the steps (forwards)
-        taken. ``prompt``: the batch's prompt cache and which of its rows these are. A row whose
-        block is complete leaves the cached steps (rows never attend to each other, so this is
-        exact); a full forward runs every row."""
+        taken and the cache this block started with. ``batch_rows``: which rows of the batch
+        these are; ``prompt``: the batch's prompt cache; ``carried``: the cache the block before
+        started with (see ``full_forward_every``). A row whose block is complete leaves the
+        cached steps (rows never attend to each other, so this is exact); the first forward
+        runs every row."""
         initial = (ids[:, start:end] == mask_id).sum(-1)
-        step, cache, cached_mask = 0, None, None
+        step, cache, cached_mask, started = 0, None, None, None
         while (masked := ids[:, start:end] == mask_id).any():
             if self.cache == "none" or cache is None or (self.refresh_every and step % self.refresh_every == 0):
                 rows = torch.arange(ids.shape[0], device=ids.device)  # the rows the cache holds
-                hidden, cache, cached_mask = self._full(model, ids, positions, key_mask, full_mask, start, end,
-                                                        None if prompt is None else prompt[0].for_rows(prompt[1]))
+                if step == 0 and carried is not None and self._restarts(carried):
+                    hidden, cache, cached_mask = self._restart(model, ids, positions, key_mask, carried, batch_rows, start, end, answer_start)
+                    since_full = carried.blocks_since_full + 1
+                else:
+                    hidden, cache, cached_mask = self._full(model, ids, positions, key_mask, full_mask, start, end,
+                                                            None if prompt is None else prompt.for_rows(batch_rows))
+                    since_full = 0
+                if self.full_forward_every != 1 and step == 0:
+                    started = BlockStartCache.of(cache, self._cached_columns(start, end, ids.shape[1]), batch_rows, cached_mask, since_full)
             else:
                 if not (live := masked[rows].any(-1)).all():
                     kept = live.nonzero().squeeze(-1)
@@ -170,7 +219,33 @@ class BlockDiffusionSampler:
             ids[rows, start:end] = torch.where(chosen, tokens, ids[rows, start:end])
             logprobs[rows, start:end] = torch.where(chosen, confidence.log(), logprobs[rows, start:end])
             step += 1
-        return step
+        return step, started
+
+    def _restarts(self, carried: BlockStartCache) -> bool:
+        """Whether the next block starts from ``carried`` rather than with a full forward."""
+        return self.full_forward_every is None or carried.blocks_since_full + 1 < self.full_forward_every
+
+    def _restart(self, model: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
+                 carried: BlockStartCache, batch_rows: torch.Tensor, start: int, end: int, answer_start: int,
+                 ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """A block's first forward from the cache the block before started with: the columns
+        it does not hold before ``end`` (the block before, now decoded) and the block run against
+        the rest (the prompt and the suffix after the block, as an earlier forward left them).
+        Returns what :meth:`_full` does."""
+        cached = set(carried.columns)
+        run = [c for c in range(end) if c >= start or c not in cached]
+        held = [c for c in carried.columns if not start <= c < end]
+        cache, held_mask = carried.for_rows(batch_rows, held)
+        keys = torch.cat([held_mask, key_mask[:, run]], dim=1)
+        mask = self._mask(keys, model.dtype, answer_start, run, held + run)
+        result = model.get_decoder()(input_ids=ids[:, run], attention_mask=mask.to(ids.device), position_ids=positions[:, run],
+                                     cache=cache, use_cache=True)
+        lead = start - int(self.shift)
+        hidden = result.last_hidden_state[:, lead - run[0]:end - int(self.shift) - run[0]]
+        columns = self._cached_columns(start, end, ids.shape[1])
+        physical = {column: index for index, column in enumerate(held + run)}
+        keep_columns(cache, [physical[c] for c in columns])
+        return hidden, cache, key_mask[:, columns]
 
     @staticmethod
     def _predict(model: PreTrainedModel, hidden: torch.Tensor, masked: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,9 +304,11 @@ def llada_sampler(block_size: int = 8, steps_per_block: int | None = None) -> Bl
     return BlockDiffusionSampler(block_size, FixedStepsUnmasking(steps_per_block or block_size), cache="none")
 
 
-def fast_dllm_sampler(block_size: int = 8, threshold: float = 0.9, cache: str = "dual", left_to_right: bool = False) -> BlockDiffusionSampler:
+def fast_dllm_sampler(block_size: int = 8, threshold: float = 0.9, cache: str = "dual", left_to_right: bool = False,
+                      full_forward_every: int | None = 1) -> BlockDiffusionSampler:
     """Fast-dLLM: dual cache and confidence-threshold parallel unmasking; ``left_to_right``
     accepts only the run of confident positions after the first masked one
-    (:class:`LeftToRightUnmasking`)."""
+    (:class:`LeftToRightUnmasking`); with ``full_forward_every`` k only every k-th block starts
+    with a full forward (None: the first), the others from the cache of the block before."""
     rule = LeftToRightUnmasking(threshold) if left_to_right else ThresholdUnmasking(threshold)
-    return BlockDiffusionSampler(block_size, rule, cache=cache)
+    return BlockDiffusionSampler(block_size, rule, cache=cache, full_forward_every=full_forward_every)
