@@ -81,7 +81,9 @@ def count_scores(engine: NEREngine, examples: Sequence[Example], batch_size: int
     strategy = engine.strategy("padellm")
     assert isinstance(strategy, PaDeLLM)
     labels = engine.labels
-    digit_tokens = [strategy.digit_ids[d] for d in range(10) if d in strategy.digit_ids]
+    if sorted(strategy.digit_ids) != list(range(10)):
+        raise ValueError(f"calibrating counts needs a token for each digit 0-9; model {engine.name!r} has {sorted(strategy.digit_ids)}")
+    digit_tokens = [strategy.digit_ids[d] for d in range(10)]
     digits, other, gold = [], [], []
     with tqdm(total=len(examples), desc="count scores", unit="text", disable=not progress) as bar:
         for start in range(0, len(examples), batch_size):
@@ -97,7 +99,9 @@ def count_scores(engine: NEREngine, examples: Sequence[Example], batch_size: int
                     spans = batch[window.text_index].spans
                     gold.extend(sum(s.label == label and window.offset <= s.start and s.end <= end for s in spans) for label in labels)
             bar.update(len(batch))
-    pair_labels = [label for _ in range(len(gold) // max(len(labels), 1)) for label in labels]
+    if not digits:
+        raise ValueError("no text to calibrate the counts on")
+    pair_labels = [label for _ in range(len(gold) // len(labels)) for label in labels]
     return CountScores(torch.cat(digits), torch.cat(other), torch.tensor(gold), pair_labels)
 
 
