@@ -94,8 +94,8 @@ def plot(path: Path, results: list[dict], reference_f1: float | None, title: str
         kind = "left to right" if "left to right" in row["variant"] else row["variant"].split(" ")[0]
         axis.scatter(row["speedup"], row["f1"], marker=markers[kind], color=colours[row["block_size"]], s=70 if kind in ("+both", "left to right") else 40)
         if kind == "left to right":  # several per block size: say which
-            label = f"{row['threshold']}" + (", first block full" if "first block only" in row["variant"] else
-                                               ", full every " + row["variant"].split("every ")[1].split(" ")[0] if "every" in row["variant"] else "")
+            every = row.get("full_forward_every", 1)
+            label = f"{row['threshold']}" + ("" if every == 1 else ", first block full" if every is None else f", full every {every}")
             axis.annotate(label, (row["speedup"], row["f1"]), textcoords="offset points", xytext=(5, 4), fontsize=7)
     for kind, marker in markers.items():
         axis.scatter([], [], marker=marker, color="grey", label=kind)
@@ -154,6 +154,7 @@ def main() -> None:
         speed = tokens[index] / seconds[index]
         results.append({
             "variant": config.variant, "block_size": config.block_size, "threshold": config.threshold, "factor": config.factor,
+            "full_forward_every": config.sampler.full_forward_every,
             "tokens_per_s": speed, "texts_per_s": len(examples) / seconds[index], "speedup": speed / baseline_speed[config.block_size],
             "forwards_per_text": forwards[index] / len(examples), "f1": span_f1(gold, predicted[index])["micro_f1"],
         })

@@ -132,8 +132,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_calibrate_counts(args: argparse.Namespace) -> int:
     import torch
 
+    from dataclasses import replace
+
     from corpora import read_corpus
-    from ner_service.engine import NEREngine, NERModelConfig
+    from ner_service.engine import NEREngine
     from ner_service.engine.count_bias import CountBias
     from ner_service.engine.ner_model import resolve_ner_model
     from training.count_calibration import calibrate, count_scores, table
@@ -146,9 +148,7 @@ def cmd_calibrate_counts(args: argparse.Namespace) -> int:
     print(f"count_bias: {json.dumps(setting)}")
     if args.write:
         folder = resolve_ner_model(args.model)
-        config = NERModelConfig.read(folder)
-        config.count_bias = setting
-        config.write(folder)
+        replace(engine.ner_model.config, count_bias=setting).write(folder)
         print(f"written to {folder / 'ner_model.json'}")
     return 0
 
