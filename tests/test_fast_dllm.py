@@ -320,6 +320,19 @@ def test_engine_decoder_fast_dllm_returns_aligned_entities(diffusion_engine: NER
     assert all(e.label == "PER" for r in only_per for e in r.entities)
 
 
+def test_the_engine_samples_at_the_models_threshold(diffusion_engine: NEREngine) -> None:
+    config = diffusion_engine.ner_model.config
+    chosen = config.diffusion_threshold
+    forwards = {}
+    try:
+        for threshold in (0.0, 1.0):  # every run accepted at once, or one token a step
+            config.diffusion_threshold = threshold
+            forwards[threshold] = sum(r.stats.forward_passes for r in diffusion_engine.extract(TEXTS, strategy="fast_dllm"))
+    finally:
+        config.diffusion_threshold = chosen
+    assert forwards[0.0] < forwards[1.0]
+
+
 def test_the_default_sampler_reads_left_to_right_where_scattered_tokens_disagree(diffusion_en_engine: NEREngine) -> None:
     # a dev sentence where the paper's threshold rule unmasks "Peter" twice (each copy unsure of
     # the other) and cuts "Headingley"; the engine's left-to-right run reads it as one token at a time does

@@ -51,6 +51,7 @@ class NERModelConfig:
     mask_token: str | None = None  # set by `train-diffusion`: the mask token of a masked-diffusion model
     diffusion_shift: bool = False  # a diffusion model adapted from an AR LM reads token i from column i - 1
     diffusion_causal_prompt: bool = False  # ... and keeps its prompt causal (only the answer is bidirectional)
+    diffusion_threshold: float = 0.9  # Fast-dLLM unmasks the run of positions more confident than this (chosen per model)
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

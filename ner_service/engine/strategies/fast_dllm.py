@@ -22,18 +22,19 @@ from ner_service.engine.strategies.autoregressive import answer_mentions
 from ner_service.engine.strategies.base import Strategy
 
 
-def default_sampler() -> BlockDiffusionSampler:
-    """Fast-dLLM with a dual cache, blocks of 8, and threshold 0.9 over the run of positions
-    after the first masked one (parallel tokens accepted apart from each other cost about 7 F1 on
-    CoNLL-03 dev), a full forward at the first block only, every later block starting from the
-    cache of the block before (1.12x faster at batch 16, whole-dev F1 -0.11: docs/benchmarks.md)."""
-    return fast_dllm_sampler(block_size=8, threshold=0.9, cache="dual", left_to_right=True, full_forward_every=None)
+def default_sampler(threshold: float = 0.9) -> BlockDiffusionSampler:
+    """Fast-dLLM with a dual cache, blocks of 8, and ``threshold`` (the model's
+    ``diffusion_threshold``) over the run of positions after the first masked one (parallel
+    tokens accepted apart from each other cost about 7 F1 on CoNLL-03 dev), a full forward at the
+    first block only, every later block starting from the cache of the block before (1.12x faster
+    at batch 16, whole-dev F1 -0.11: docs/benchmarks.md)."""
+    return fast_dllm_sampler(block_size=8, threshold=threshold, cache="dual", left_to_right=True, full_forward_every=None)
 
 
 @register_strategy("fast_dllm")
 class FastDLLM(Strategy):
     """Every window's answer sampled in one batch by the options' ``diffusion_sampler``
-    (:func:`default_sampler` when None); the token decoder plays no part."""
+    (when None, :func:`default_sampler` at the model's threshold); the token decoder plays no part."""
 
     @classmethod
     def unsupported_reason(cls, config: NERModelConfig) -> str | None:
@@ -45,7 +46,7 @@ class FastDLLM(Strategy):
 
     def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
         ner_model, config = self.ner_model, self.ner_model.config
-        sampler = replace(self.options.diffusion_sampler or default_sampler(), shift=config.diffusion_shift,
+        sampler = replace(self.options.diffusion_sampler or default_sampler(config.diffusion_threshold), shift=config.diffusion_shift,
                           causal_prompt=config.diffusion_causal_prompt)
         prompt_ids = [prompts.ar_prompt_ids(ner_model.tokenizer, w.text) for w in windows]
         out = sampler.sample(ner_model.model, prompt_ids, config.max_ar_tokens, int(ner_model.tokenizer.mask_token_id),
