@@ -68,6 +68,18 @@ def test_stages_continue_from_the_previous_stage(small_data: Path, tmp_path: Pat
     assert first.dev == str(small_data / "conll2003" / "dev.txt") and second.train == str(small_data / "conll2003" / "train.txt")
 
 
+def test_a_fine_tuned_stage_can_be_stored_as_an_adapter_over_its_base(small_data: Path, tmp_path: Path) -> None:
+    path = tmp_path / "stored.toml"
+    path.write_text('name = "stored"\ndescription = "top layers fully fine-tuned, stored as a LoRA adapter"\n'
+                    '[[stages]]\ntrainer = "lm"\ntrain = "conll2003/train.txt"\n'
+                    '[stages.settings]\nbase = "tiny-conll03"\nfull = true\ntop_layers = 1\n'
+                    '[[stages]]\ntrainer = "low_rank"\ndev = "conll2003/dev.txt"\ncontinues = true\n'
+                    '[stages.settings]\nbase = "tiny-conll03"\nmax_megabytes = 0.5\n')
+    tuned, stored = stage_configs(load_recipe(path), RecipeRun(small_data, tmp_path / "stored"))
+    assert stored.model == tuned.output and (stored.base, stored.max_megabytes, stored.name) == ("tiny-conll03", 0.5, "stored")
+    assert stored.dev == str(small_data / "conll2003" / "dev.txt") and not hasattr(stored, "train")
+
+
 @pytest.mark.parametrize(("trainer", "settings", "start"), [
     ("lm", 'base = "smollm2-135m-instruct"\nlora_r = 8\n', "base"),
     ("diffusion", 'init = "en-conll03-v1"\n', "init"),
@@ -94,6 +106,7 @@ def test_a_stage_can_train_the_previous_stages_adapter_further(small_data: Path,
     ('name = "x"\ndescription = "x"\nstages = []\n', "stages"),
     ('name = "x"\ndescription = "x"\ngpu = true\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n', "gpu"),
     ('name = "x\n', "not valid TOML"),
+    ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\n[stages.settings]\nbase = "b"\n', "needs a training corpus"),
 ])
 def test_bad_recipes_are_clear_errors(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "bad.toml"

@@ -70,6 +70,21 @@ class TrainConfig:
 
 
 @dataclass
+class LowRankConfig:
+    """A fine-tuned model (``model``: a folder or shipped name) stored as a LoRA adapter over
+    ``base``, the model its tuning started from, in at most ``max_megabytes`` (:mod:`training.low_rank`)."""
+
+    model: str
+    base: str
+    output: str
+    name: str = "padellm-ner"
+    max_megabytes: float = 25.0
+    dev: str | None = None
+    eval_limit: int | None = 300
+    device: str = "cpu"
+
+
+@dataclass
 class TinyConfig:
     """A tiny-model training run: a new tokenizer and 2-layer Llama, ``max_steps`` full steps."""
 

@@ -25,6 +25,7 @@ from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indi
 from ner_service.engine import NEREngine, NERModel, NERModelConfig, prompts
 from ner_service.engine.engine import MAX_WINDOW_TOKENS
 from ner_service.engine.chunking import mostly_single_sentences
+from ner_service.engine.model_loading import ModelNotFoundError
 from ner_service.engine.ner_model import SELF_CONTAINED, load_base, resolve_ner_model
 from corpora import Example, check_labels, read_corpus
 from training.evaluate import evaluate_engine
@@ -109,8 +110,21 @@ def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTok
     return NERModelConfig(
         name=config.name, labels=labels, base=SELF_CONTAINED if config.full else config.base, language=config.language,
         eos_token=tokenizer.eos_token, label_names=dict(config.label_names), sentence_windows=sentence_windows,
-        window_tokens=config.window_tokens,
+        window_tokens=config.window_tokens, **decoding_choices(config.init_adapter or config.base, labels),
     )
+
+
+def decoding_choices(model: str, labels: list[str]) -> dict:
+    """The decoding settings chosen on dev for the NER model a run trains further (its count bias
+    and mention repair), when it has the run's labels: the trained model keeps them until they
+    are chosen again (``padellm-ner calibrate-counts``). Nothing for a plain causal LM."""
+    try:
+        chosen = NERModelConfig.read(resolve_ner_model(model))
+    except ModelNotFoundError:
+        return {}
+    if chosen.labels != labels:
+        return {}
+    return {"count_bias": chosen.count_bias, "repair_unaligned": chosen.repair_unaligned}
 
 
 def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig,

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from training.recipes.trainers import TRAINERS
 
 RECIPES_DIR = Path(__file__).parent
-TrainerName = Literal["lm", "tiny", "diffusion", "lud"]
+TrainerName = Literal["lm", "tiny", "diffusion", "lud", "low_rank"]
 
 
 class RecipeError(ValueError):
@@ -31,7 +31,7 @@ class Stage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     trainer: TrainerName
-    train: str = Field(description="training corpus, relative to the data folder")
+    train: str | None = Field(default=None, description="training corpus, relative to the data folder (a trainer that trains needs one)")
     dev: str | None = Field(default=None, description="dev corpus scored during training (never trained on)")
     continues: bool | Literal["adapter"] = Field(
         default=False, description="true: start from the previous stage's result; \"adapter\": train its adapter further")
@@ -45,6 +45,8 @@ class Stage(BaseModel):
         if unknown:
             raise ValueError(f"trainer {self.trainer!r} has no setting {', '.join(unknown)} (it has: {', '.join(sorted(allowed))})")
         trainer.validate(self.settings)
+        if self.train is None and trainer.needs_data:
+            raise ValueError(f"trainer {self.trainer!r} needs a training corpus: set train")
         if self.continues and self.continued_field is None:
             what = "train a previous stage's adapter further" if self.continues == "adapter" else "continue a previous stage"
             raise ValueError(f"trainer {self.trainer!r} cannot {what}")

@@ -48,8 +48,9 @@ def stage_configs(recipe: Recipe, run: RecipeRun) -> list[Any]:
         trainer = TRAINERS[stage.trainer]
         names = {f.name for f in fields(trainer.config)}
         values: dict[str, object] = dict(stage.settings)
-        values |= {"train": str(_data_file(run.data, stage.train)), "output": str(run.stage_output(index, len(recipe.stages))),
-                   "device": run.device or recipe.device}
+        values |= {"output": str(run.stage_output(index, len(recipe.stages))), "device": run.device or recipe.device}
+        if stage.train is not None:
+            values["train"] = str(_data_file(run.data, stage.train))
         if stage.dev is not None:
             values["dev"] = str(_data_file(run.data, stage.dev))
         if "name" in names:

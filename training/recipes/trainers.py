@@ -33,6 +33,11 @@ class StageTrainer:
     def config(self) -> type:
         return _imported(self.config_class)
 
+    @property
+    def needs_data(self) -> bool:
+        """Whether the trainer reads a training corpus (its config requires ``train``)."""
+        return any(f.name == "train" and f.default is MISSING for f in fields(self.config))
+
     def setting_names(self) -> set[str]:
         """The config fields a recipe may set."""
         return {f.name for f in fields(self.config)} - self.set_by_run
@@ -59,4 +64,5 @@ TRAINERS: dict[str, StageTrainer] = {
     "tiny": StageTrainer("training.configs:TinyConfig", "training.tiny_model:train_tiny_model", None),
     "diffusion": StageTrainer("training.configs:DiffusionConfig", "training.diffusion:train_diffusion", "init", "init_adapter"),
     "lud": StageTrainer("training.configs:LUDConfig", "training.lexical_units:train_lud", "model"),
+    "low_rank": StageTrainer("training.configs:LowRankConfig", "training.low_rank:store_low_rank", "model"),
 }

@@ -1,0 +1,84 @@
+"""A fully fine-tuned model stored as a LoRA adapter over its base (training/low_rank.py), on the tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ner_service.engine import NEREngine
+from ner_service.engine.ner_model import load_base
+from training.configs import LowRankConfig
+from training.low_rank import LayerChange, changed_norms, choose_ranks, store_low_rank
+from training.trainer import TrainConfig, train
+
+TEXTS = ["Peter met Anna in Paris", "Anna flew from Berlin to Rome with Peter", "Nothing here"]
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory, tiny_engine) -> Path:
+    """The tiny model with its top layer and final norm fully fine-tuned for a few steps."""
+    folder = tmp_path_factory.mktemp("tuned")
+    lines = [{"text": f"Peter met Anna in Paris {i}", "entities": [{"start": 0, "end": 5, "label": "PER"}, {"start": 18, "end": 23, "label": "LOC"}]}
+             for i in range(8)]
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    train(TrainConfig(base=str(tiny_engine.ner_model.path), train=str(folder / "train.jsonl"), output=str(folder / "model"), full=True,
+                      top_layers=1, lr=3e-3, warmup_steps=1, max_steps=4, batch_tokens=512, eval_limit=None))
+    return folder
+
+
+def _logits(engine: NEREngine, text: str) -> torch.Tensor:
+    ids = engine.ner_model.tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        return engine.ner_model.model(input_ids=ids).logits[0]
+
+
+def test_a_budget_that_holds_the_whole_change_gives_the_tuned_model_back(tuned: Path, tiny_engine) -> None:
+    config = LowRankConfig(model=str(tuned / "model"), base=str(tiny_engine.ner_model.path), output=str(tuned / "adapter"),
+                           name="tiny-low-rank", max_megabytes=1.0, dev=str(tuned / "train.jsonl"), eval_limit=2)
+    summary = store_low_rank(config)
+    assert summary["kept_share"] > 0.999999
+    assert set(summary["norms"]) == {"model.norm", "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm"}
+    assert all(name.startswith("model.layers.1.") for name in summary["ranks"]), "only the trained layer changed"
+    saved = json.loads((tuned / "adapter" / "ner_model.json").read_text())
+    assert saved["base"] == config.base and saved["name"] == "tiny-low-rank"
+    assert set(summary["dev"]) == {"padellm", "ar"} and "micro-F1" in (tuned / "adapter" / "README.md").read_text()
+
+    full, stored, base = NEREngine.load(tuned / "model"), NEREngine.load(tuned / "adapter"), NEREngine.load(config.base)
+    for text in TEXTS:
+        assert torch.allclose(_logits(stored, text), _logits(full, text), atol=2e-2)  # fp16 factors
+        assert not torch.allclose(_logits(base, text), _logits(full, text), atol=2e-2), "the tuning changed nothing"
+    assert [e.entities for e in stored.extract(TEXTS)] == [e.entities for e in full.extract(TEXTS)]
+
+
+def test_a_small_budget_keeps_the_largest_part_of_the_change_within_it(tuned: Path, tiny_engine) -> None:
+    config = LowRankConfig(model=str(tuned / "model"), base=str(tiny_engine.ner_model.path), output=str(tuned / "small"), max_megabytes=0.03)
+    summary = store_low_rank(config)
+    assert (tuned / "small" / "adapter_model.safetensors").stat().st_size <= 30_000
+    assert 0.2 < summary["kept_share"] < 0.99
+    assert summary["dev"] is None
+    NEREngine.load(tuned / "small").extract(TEXTS)
+
+
+def test_ranks_go_where_a_stored_weight_keeps_the_most() -> None:
+    def change(name: str, values: list[float], rows: int, columns: int) -> LayerChange:
+        k = len(values)
+        return LayerChange(name, torch.tensor(values), torch.zeros(rows, k), torch.zeros(k, columns))
+
+    cheap = change("cheap", [3.0, 2.0, 1.0], 10, 10)  # 20 weights a rank: 0.45, 0.2, 0.05 per weight
+    costly = change("costly", [4.0, 3.0], 40, 40)  # 80 weights a rank: 0.2, 0.1125 per weight
+    assert choose_ranks([cheap, costly], budget_weights=20) == {"cheap": 1}
+    assert choose_ranks([cheap, costly], budget_weights=120) == {"cheap": 2, "costly": 1}
+    assert choose_ranks([cheap, costly], budget_weights=120, norm_weights=30) == {"cheap": 3}
+    assert choose_ranks([cheap, costly], budget_weights=10) == {}
+
+
+def test_a_changed_embedding_cannot_be_an_adapter(tiny_engine) -> None:
+    base, _ = load_base(str(tiny_engine.ner_model.path))
+    tuned, _ = load_base(str(tiny_engine.ner_model.path))
+    with torch.no_grad():
+        tuned.get_input_embeddings().weight[3] += 1.0
+    with pytest.raises(ValueError, match="embed_tokens.weight changed .* only linear layers and norms"):
+        changed_norms(tuned, base)
