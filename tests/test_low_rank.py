@@ -45,6 +45,7 @@ def test_a_budget_that_holds_the_whole_change_gives_the_tuned_model_back(tuned: 
     saved = json.loads((tuned / "adapter" / "ner_model.json").read_text())
     assert saved["base"] == config.base and saved["name"] == "tiny-low-rank"
     assert set(summary["dev"]) == {"padellm", "ar"} and "micro-F1" in (tuned / "adapter" / "README.md").read_text()
+    assert summary["tuned"]["steps"] == 4 and summary["tuned"]["config"]["full"]
 
     full, stored, base = NEREngine.load(tuned / "model"), NEREngine.load(tuned / "adapter"), NEREngine.load(config.base)
     for text in TEXTS:

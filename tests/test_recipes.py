@@ -38,14 +38,31 @@ def test_the_shipped_models_have_recipes() -> None:
     assert {"en-conll03-diffusion", "en-conll03-lud"} <= set(recipe_names())
 
 
-@pytest.mark.parametrize(("name", "dtype"), [("en-conll03-v1", "bfloat16"), ("en-conll03", "float32")])
-def test_the_english_recipes_hold_their_model_cards_settings(small_data: Path, tmp_path: Path, name: str, dtype: str) -> None:
-    (config,) = stage_configs(load_recipe(name), RecipeRun(small_data, tmp_path / "out"))
-    shipped = json.loads((Path(__file__).parent.parent / f"ner_service/shipped_models/{name}/training.json").read_text())["config"]
-    for key in ("base", "name", "formats", "full", "lora_r", "lora_alpha", "lr", "warmup_steps", "epochs", "batch_tokens", "seed",
-                "device", "init_adapter", "window_tokens", "document_windows"):
+SHIPPED = Path(__file__).parent.parent / "ner_service" / "shipped_models"
+#: The settings of an ``lm`` stage that its model card's run must share with the recipe.
+LM_SETTINGS = ("formats", "full", "top_layers", "lora_r", "lora_alpha", "lr", "warmup_steps", "epochs", "batch_tokens", "seed",
+               "init_adapter", "window_tokens", "document_windows")
+
+
+def test_the_first_english_recipe_holds_its_model_cards_settings(small_data: Path, tmp_path: Path) -> None:
+    (config,) = stage_configs(load_recipe("en-conll03-v1"), RecipeRun(small_data, tmp_path / "out"))
+    shipped = json.loads((SHIPPED / "en-conll03-v1" / "training.json").read_text())["config"]
+    for key in ("base", "name", "device", *LM_SETTINGS):
         assert getattr(config, key) == shipped.get(key, getattr(TrainConfig, key, None)), key
-    assert resolved_dtype(config.dtype, config.device) == resolved_dtype(shipped["dtype"], shipped["device"]) == dtype
+    assert resolved_dtype(config.dtype, config.device) == resolved_dtype(shipped["dtype"], shipped["device"]) == "bfloat16"
+
+
+def test_the_english_recipe_holds_its_model_cards_stages(small_data: Path, tmp_path: Path) -> None:
+    """Stage 1 trains en-conll03-v1's adapter further, stage 2 fully fine-tunes its top layers (the
+    card's run: ``tuned`` in training.json), stage 3 stores that as the shipped adapter."""
+    continued, tuned, stored = stage_configs(load_recipe("en-conll03"), RecipeRun(small_data, tmp_path / "out"))
+    shipped = json.loads((SHIPPED / "en-conll03" / "training.json").read_text())
+    assert (continued.base, continued.init_adapter, continued.lora_r, continued.full) == ("smollm2-135m-instruct", "en-conll03-v1", 32, False)
+    assert tuned.base == continued.output and stored.model == tuned.output
+    for key in LM_SETTINGS:
+        assert getattr(tuned, key) == shipped["tuned"]["config"].get(key, getattr(TrainConfig, key, None)), key
+    assert resolved_dtype(tuned.dtype, "cpu") == "float32"
+    assert (stored.base, stored.max_megabytes, stored.name) == (shipped["config"]["base"], shipped["config"]["max_megabytes"], "en-conll03")
 
 
 def test_recipes_train_in_float32_on_the_cpu(small_data: Path, tmp_path: Path) -> None:

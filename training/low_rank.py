@@ -1,9 +1,9 @@
 """Store a fine-tuned model as a LoRA adapter over the base it started from, within a size budget.
 
 Full fine-tuning of a model's top layers gains more on the CPU than LoRA does, but its result is a
-whole model (538 MB for SmolLM2-135M). What it changed is smaller: each linear layer's change
+whole model. What it changed is smaller: each linear layer's change
 ``W_tuned - W_base`` is kept as the product ``B @ A`` of its truncated SVD (the closest matrix of
-that rank), the ranks chosen across all layers by largest singular value per stored weight until
+that rank), the ranks chosen across all layers by largest squared singular value per stored weight until
 the adapter's budget is spent; the changed norms (a few hundred weights each) are stored whole
 (peft's ``modules_to_save``). The result is an ordinary peft adapter, which the engine merges into
 its base at load time. A stage of a recipe (trainer ``low_rank``) after a full fine-tuning stage.
@@ -150,7 +150,6 @@ def store_low_rank(config: LowRankConfig) -> dict:
     if tuned.model.config.to_dict().get("num_hidden_layers") != base.config.num_hidden_layers:
         raise ValueError(f"{config.model} and {config.base} differ in shape: the base must be the model the tuning started from")
     adapted, choice = low_rank_adapter(tuned.model, base, config.max_megabytes)
-    del tuned.model
     output = Path(config.output)
     save_adapter(adapted, config.base, output)
     size = (output / "adapter_model.safetensors").stat().st_size
@@ -158,8 +157,10 @@ def store_low_rank(config: LowRankConfig) -> dict:
         raise ValueError(f"the adapter takes {size / MEGABYTE:.2f} MB, over max_megabytes {config.max_megabytes}")
     ner_config = replace(tuned.config, name=config.name, base=config.base, metrics={})
     ner_config.write(output)
+    tuning = tuned.path / "training.json"  # how the model was tuned: the stage before, for the card
     summary = {"config": asdict(config), "adapter_bytes": size, "kept_share": choice.kept_share, "stored_weights": choice.stored_weights,
-               "norms": choice.norms, "ranks": choice.ranks, "dev": None}
+               "norms": choice.norms, "ranks": choice.ranks, "dev": None,
+               "tuned": json.loads(tuning.read_text(encoding="utf-8")) if tuning.is_file() else None}
     if config.dev:
         summary["dev"] = _dev_scores(output, config)
         ner_config.metrics = {"dev_during_training": summary["dev"]}

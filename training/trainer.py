@@ -157,9 +157,10 @@ def train(config: TrainConfig) -> dict:
         raise ValueError(f"loss_weights names unknown query kinds {sorted(unknown)}; the kinds: {', '.join(QUERY_KINDS)}")
     model, tokenizer, first_layer = prepare_model(config)
     ner_config = _ner_config(config, labels, tokenizer, mostly_single_sentences([e.text for e in train_examples]))
-    if config.document_windows:
+    windows = config.document_windows if config.limit is None else min(config.document_windows, config.limit)  # a smoke run reads few
+    if windows:
         train_examples += document_windows(config.train, lambda piece: prompts.text_token_count(tokenizer, piece),
-                                           ner_config.window_tokens or MAX_WINDOW_TOKENS, config.document_windows, config.seed)
+                                           ner_config.window_tokens or MAX_WINDOW_TOKENS, windows, config.seed)
     train_examples = oversample_hard_counts(train_examples, labels, config.hard_count_min, config.hard_count_repeat)
     rows = [build_row(e, labels, tokenizer, config.formats, config.label_names, config.loss_weights or None)
             for e in tqdm(train_examples, desc="build rows", unit="text")]
