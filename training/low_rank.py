@@ -146,7 +146,7 @@ def store_low_rank(config: LowRankConfig) -> dict:
     from training.trainer import save_adapter
 
     tuned = NERModel.load(config.model, device=config.device)
-    base, tokenizer = load_base(config.base, device=config.device)
+    base, _ = load_base(config.base, device=config.device)
     if tuned.model.config.to_dict().get("num_hidden_layers") != base.config.num_hidden_layers:
         raise ValueError(f"{config.model} and {config.base} differ in shape: the base must be the model the tuning started from")
     adapted, choice = low_rank_adapter(tuned.model, base, config.max_megabytes)
