@@ -111,3 +111,11 @@ def evaluate_engine(
         "unmatched_mentions": found.unmatched_mentions,
         "seconds": found.seconds,
     }
+
+
+def dev_scores(engine: NEREngine, dev: Sequence[Example], strategies: Iterable[str], batch_size: int = 16,
+               progress: bool = False) -> dict[str, dict[str, float]]:
+    """Micro-F1, precision, recall and the number of texts of each strategy on ``dev``: what a
+    training run records of the model it made."""
+    scores = {strategy: evaluate_engine(engine, dev, strategy=strategy, batch_size=batch_size, progress=progress) for strategy in strategies}
+    return {strategy: {key: result[key] for key in ("micro_f1", "precision", "recall", "n_sentences")} for strategy, result in scores.items()}

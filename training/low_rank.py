@@ -175,13 +175,10 @@ def _dev_scores(folder: Path, config: LowRankConfig) -> dict:
     from corpora import read_corpus
     from ner_service.engine import NEREngine
     from ner_service.engine.ner_model import NERModel
-    from training.evaluate import evaluate_engine
+    from training.evaluate import dev_scores
 
     engine = NEREngine(NERModel.load(folder, device=config.device))
-    dev = read_corpus(config.dev)[: config.eval_limit]
-    scores = {strategy: evaluate_engine(engine, dev, strategy=strategy, batch_size=16, progress=True) for strategy in ("padellm", "ar")}
-    return {s: {"micro_f1": r["micro_f1"], "precision": r["precision"], "recall": r["recall"], "n_sentences": r["n_sentences"]}
-            for s, r in scores.items()}
+    return dev_scores(engine, read_corpus(config.dev)[: config.eval_limit], ("padellm", "ar"), progress=True)
 
 
 def model_card(config: LowRankConfig, summary: dict) -> str:

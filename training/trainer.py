@@ -28,7 +28,7 @@ from ner_service.engine.chunking import mostly_single_sentences
 from ner_service.engine.model_loading import ModelNotFoundError
 from ner_service.engine.ner_model import SELF_CONTAINED, load_base, resolve_ner_model
 from corpora import Example, check_labels, read_corpus
-from training.evaluate import evaluate_engine
+from training.evaluate import dev_scores
 from training.configs import QUERY_KINDS, TrainConfig
 from training.document_windows import document_windows
 from training.examples import build_row
@@ -129,17 +129,13 @@ def decoding_choices(model: str, labels: list[str]) -> dict:
 
 def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig,
                              dev: list[Example]) -> dict:
-    """Dev scores of the model as it is now (both decoders when both formats are trained)."""
+    """Dev scores of the model as it is now (both strategies when both formats are trained)."""
     lm = inner_model(model)
     lm.eval()
     engine = NEREngine(NERModel(lm, tokenizer, ner_config, Path(config.output)))
-    scores = {
-        decoder: evaluate_engine(engine, dev, strategy=decoder, batch_size=config.eval_batch_size, progress=False)
-        for decoder in ("padellm", "ar")
-        if decoder in config.formats
-    }
+    scores = dev_scores(engine, dev, [s for s in ("padellm", "ar") if s in config.formats], config.eval_batch_size)
     lm.train()
-    return {d: {"micro_f1": s["micro_f1"], "precision": s["precision"], "recall": s["recall"], "n_sentences": s["n_sentences"]} for d, s in scores.items()}
+    return scores
 
 
 def train(config: TrainConfig) -> dict:
