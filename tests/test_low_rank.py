@@ -19,13 +19,13 @@ TEXTS = ["Peter met Anna in Paris", "Anna flew from Berlin to Rome with Peter", 
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory: pytest.TempPathFactory, tiny_engine) -> Path:
-    """The tiny model with its top layer and final norm fully fine-tuned for a few steps."""
+    """The tiny model with its top layer and final norm fully fine-tuned for a few steps, its loss over a kept vocabulary."""
     folder = tmp_path_factory.mktemp("tuned")
     lines = [{"text": f"Peter met Anna in Paris {i}", "entities": [{"start": 0, "end": 5, "label": "PER"}, {"start": 18, "end": 23, "label": "LOC"}]}
              for i in range(8)]
     (folder / "train.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
     train(TrainConfig(base=str(tiny_engine.ner_model.path), train=str(folder / "train.jsonl"), output=str(folder / "model"), full=True,
-                      top_layers=1, lr=3e-3, warmup_steps=1, max_steps=4, batch_tokens=512, eval_limit=None))
+                      top_layers=1, lr=3e-3, warmup_steps=1, max_steps=4, batch_tokens=512, eval_limit=None, kept_vocabulary=True))
     return folder
 
 
@@ -46,6 +46,7 @@ def test_a_budget_that_holds_the_whole_change_gives_the_tuned_model_back(tuned: 
     assert saved["base"] == config.base and saved["name"] == "tiny-low-rank"
     assert set(summary["dev"]) == {"padellm", "ar"} and "micro-F1" in (tuned / "adapter" / "README.md").read_text()
     assert summary["tuned"]["steps"] == 4 and summary["tuned"]["config"]["full"]
+    assert (tuned / "adapter" / "kept_vocabulary.json").read_bytes() == (tuned / "model" / "kept_vocabulary.json").read_bytes()
 
     full, stored, base = NEREngine.load(tuned / "model"), NEREngine.load(tuned / "adapter"), NEREngine.load(config.base)
     for text in TEXTS:

@@ -12,12 +12,14 @@ its base at load time. A stage of a recipe (trainer ``low_rank``) after a full f
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
+from general_decoding.kept_vocabulary import FILE as KEPT_VOCABULARY
 from training.configs import LowRankConfig
 from training.top_layers import LINEAR_MODULES
 
@@ -157,6 +159,8 @@ def store_low_rank(config: LowRankConfig) -> dict:
         raise ValueError(f"the adapter takes {size / MEGABYTE:.2f} MB, over max_megabytes {config.max_megabytes}")
     ner_config = replace(tuned.config, name=config.name, base=config.base, metrics={})
     ner_config.write(output)
+    if (tuned.path / KEPT_VOCABULARY).is_file():  # the tokens the tuning's loss spanned (benchmarks/kept_vocabulary.py)
+        shutil.copyfile(tuned.path / KEPT_VOCABULARY, output / KEPT_VOCABULARY)
     tuning = tuned.path / "training.json"  # how the model was tuned: the stage before, for the card
     summary = {"config": asdict(config), "adapter_bytes": size, "kept_share": choice.kept_share, "stored_weights": choice.stored_weights,
                "norms": choice.norms, "ranks": choice.ranks, "dev": None,
