@@ -7,8 +7,8 @@ that machine noise hits them alike (after small untimed warm-up steps; each step
 another arm):
 
 * ``baseline``: today's settings, LoRA r=32 on all layers, float32, torch's default threads;
-* ``bfloat16``: the baseline in bfloat16 (most CPUs have no bfloat16 arithmetic: about 25x
-  slower, so only ``--bf16-steps`` of the batches are timed);
+* ``bfloat16``: the baseline in bfloat16 (a CPU without bfloat16 instructions emulates them:
+  about 25x slower, so there only ``--bf16-steps`` of the batches are timed, as for ``mixed``);
 * ``topN`` (N in ``--top-layers``, 15,10,6): LoRA on the top N layers only; the frozen layers
   below run once per text into a file-backed cache (:mod:`training.top_layers`), a one-off
   pass timed on its own (``build_tok_s``) and counted in ``one_off_s``;
@@ -18,7 +18,10 @@ another arm):
   table, not raised; the compile time counts in ``one_off_s``;
 * ``default``: the en-conll03-cpu recipe's setting, read from the recipe (today full fine-tuning
   of the top 15 layers at its learning rate, float32; a frozen pass it shares with a ``topN`` arm
-  of the same layers).
+  of the same layers);
+* ``mixed``: the default in mixed precision: float32 weights, bfloat16 matrix products
+  (``torch.autocast``, :mod:`training.precision`), its own frozen pass in mixed precision; what
+  ``dtype = "auto"`` picks on a CPU with bfloat16 instructions (AVX512_BF16, AMX).
 
 A top-layer count is clamped to the model's layers minus one (the tiny test model has 2).
 Per arm: tokens/s and texts/s of the steps, speed-up over the baseline on the same batches,
@@ -65,6 +68,7 @@ from training.batching import length_batches  # noqa: E402
 from training.evaluate import evaluate_engine  # noqa: E402
 from training.examples import build_row  # noqa: E402
 from training.loss import answer_loss, inner_model, optimizer_step  # noqa: E402
+from training.precision import PRECISIONS, cpu_has_bfloat16  # noqa: E402
 from training.recipes.recipe import load_recipe  # noqa: E402
 from training.top_layers import FrozenHidden, layer_count  # noqa: E402
 from training.trainer import TrainConfig, prepare_model, train  # noqa: E402
@@ -107,7 +111,7 @@ class Arm:
     name: str
     settings: str
     top_layers: int | None = None
-    dtype: str = "float32"
+    dtype: str = "float32"  # a name of training.precision.PRECISIONS
     threads: int | None = None  # None: torch's default
     full: bool = False  # full fine-tuning of the trained layers instead of LoRA
     lr: float = LR
@@ -170,6 +174,8 @@ def arms_for(layers: int, args: argparse.Namespace) -> list[Arm]:
                      full=recipe.full, lr=recipe.lr))
     found.append(Arm("default", f"recipe {CPU_RECIPE}: {how} of the top {default}/{layers} layers, lr {recipe.lr:g}, float32",
                      top_layers=default, full=recipe.full, lr=recipe.lr))
+    found.append(Arm("mixed", "default, float32 weights, bfloat16 products", top_layers=default, full=recipe.full, lr=recipe.lr,
+                     dtype="mixed"))
     return found
 
 
@@ -181,7 +187,8 @@ def run_step(arm: Arm, rows: list, batch: list[int], pad: int) -> float:
     try:
         began = time.perf_counter()
         hidden = arm.frozen.padded(batch) if arm.frozen is not None else None
-        loss = answer_loss(arm.model, [rows[i] for i in batch], pad, hidden, arm.first_layer)
+        with PRECISIONS[arm.dtype].autocast("cpu"):
+            loss = answer_loss(arm.model, [rows[i] for i in batch], pad, hidden, arm.first_layer)
         optimizer_step(loss, arm.trainable, arm.optimizer)
         return time.perf_counter() - began
     finally:
@@ -218,12 +225,14 @@ def prepare(arm: Arm, base: str, args: argparse.Namespace, rows: list, pad: int,
     arm.trainable = [p for p in arm.model.parameters() if p.requires_grad]
     arm.optimizer = torch.optim.AdamW(arm.trainable, lr=arm.lr, weight_decay=0.0)
     if arm.first_layer > 0:
-        if arm.first_layer not in frozen_by_layer:
+        key = (arm.first_layer, PRECISIONS[arm.dtype].products)
+        if key not in frozen_by_layer:
             began = time.perf_counter()
-            frozen = FrozenHidden.build(inner_model(arm.model), [r.tree for r in rows], arm.first_layer,
-                                        work / f"frozen{arm.first_layer}", pad, args.batch_tokens)
-            frozen_by_layer[arm.first_layer] = (frozen, time.perf_counter() - began)
-        arm.frozen, arm.build_seconds = frozen_by_layer[arm.first_layer]
+            with PRECISIONS[arm.dtype].autocast("cpu"):
+                frozen = FrozenHidden.build(inner_model(arm.model), [r.tree for r in rows], arm.first_layer,
+                                            work / f"frozen{arm.first_layer}-{arm.dtype}", pad, args.batch_tokens)
+            frozen_by_layer[key] = (frozen, time.perf_counter() - began)
+        arm.frozen, arm.build_seconds = frozen_by_layer[key]
     if arm.compile:
         decoder = inner_model(arm.model).get_decoder()
         for index in range(arm.first_layer, layer_count(inner_model(arm.model))):
@@ -384,7 +393,8 @@ def main() -> None:
     parser.add_argument("--base", default="smollm2-135m-instruct", help="the model trained (default %(default)s)")
     parser.add_argument("--data", default=str(DATA), help="folder holding conll2003/{train,dev}.txt (default %(default)s)")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per throughput arm (default %(default)s)")
-    parser.add_argument("--bf16-steps", type=int, default=1, help="timed steps of the bfloat16 arm (default %(default)s)")
+    parser.add_argument("--bf16-steps", type=int, default=1,
+                        help="timed steps of the bfloat16 and mixed arms on a CPU without bfloat16 instructions (default %(default)s)")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per step (default %(default)s)")
     parser.add_argument("--top-layers", type=numbers, default=[15, 10, 6], help="top-layer arms (default 15,10,6)")
     parser.add_argument("--threads", type=numbers, default=[1], help="torch thread counts tried on the baseline (default 1)")
@@ -418,7 +428,8 @@ def main() -> None:
         arms = arms_for(layers, args)
         frozen_by_layer: dict = {}
         for arm in arms:
-            arm.steps = min(args.bf16_steps, len(batches)) if arm.dtype == "bfloat16" else len(batches)
+            emulated = PRECISIONS[arm.dtype].products == torch.bfloat16 and not cpu_has_bfloat16()
+            arm.steps = min(args.bf16_steps, len(batches)) if emulated else len(batches)
             if arm.steps < 1:
                 arm.status = "skipped (--bf16-steps 0)"
                 continue
@@ -443,8 +454,9 @@ def main() -> None:
             curve = quality_curve(base, train_path, dev_path, args, speeds, tokens_per_step, work)
 
     machine = {"cpu_count": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
-               "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
-    where = f"{args.base}, {len(rows)} texts, {machine['cpu_count']} CPUs, {machine['torch_threads']} torch threads"
+               "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "cpu_bfloat16": cpu_has_bfloat16()}
+    where = (f"{args.base}, {len(rows)} texts, {machine['cpu_count']} CPUs ({'with' if machine['cpu_bfloat16'] else 'without'} "
+             f"bfloat16 instructions), {machine['torch_threads']} torch threads")
     print(f"\nTraining throughput: {where}, {args.batch_tokens} padded tokens per step, "
           f"load average {load_start[0]:.1f} -> {machine['loadavg_end'][0]:.1f}")
     shown = [{k: "" if v is None else v for k, v in r.items()} for r in throughput]

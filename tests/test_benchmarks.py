@@ -203,9 +203,11 @@ def test_training_speed_measures_the_arms_and_draws_the_curve(tmp_path: Path, da
                           "--bf16-steps", "0", "--compile-budget", "0", "--threads", "", "--minutes", "0.02", "--eval-limit", "4",
                           "--json", str(out)), out)
     arms = {row["arm"]: row for row in report["throughput"]}
-    for name in ("baseline", "default"):
+    for name in ("baseline", "default", "mixed"):
         assert arms[name]["status"] == "ok" and arms[name]["tokens_per_s"] > 0
     assert arms["default"]["top_layers"] == 1 and arms["default"]["one_off_s"] > 0  # clamped to the tiny model's 2 layers
+    assert (arms["mixed"]["dtype"], arms["mixed"]["top_layers"]) == ("mixed", 1) and arms["mixed"]["one_off_s"] > 0  # its own frozen pass
+    assert report["machine"]["cpu_bfloat16"] in (True, False)
     assert arms["compile"]["status"].startswith("skipped")
     assert report["machine"]["cpu_count"] >= 1 and len(report["machine"]["loadavg_start"]) == 3
     assert {(row["arm"], row["part"]) for row in report["curve"]} == {(a, p) for a in ("baseline", "default") for p in range(1, 5)}

@@ -1,5 +1,6 @@
 """Training on the CPU: the top layers alone from cached frozen hidden states give the same loss
-and gradients as the whole model, the dtype follows the device, and a run killed at any moment
+and gradients as the whole model, the precision follows the device and its instructions, mixed
+precision trains float32 weights with the float32 loss's gradients, and a run killed at any moment
 resumes to exactly the weights of a run that was never stopped (tiny model, real processes)."""
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from safetensors.torch import load_file
 from training.examples import build_row
 from training.loss import answer_loss, inner_model
 from training.top_layers import FrozenHidden
-from training.trainer import TrainConfig, prepare_model, resolved_dtype
+from training.precision import PRECISIONS, resolve_precision
+from training.trainer import TrainConfig, prepare_model
 from corpora import Example, Span
 
 TINY = Path(__file__).resolve().parent.parent / "ner_service" / "shipped_models" / "tiny-conll03"
@@ -45,11 +47,40 @@ def _jsonl(path: Path, examples: list[Example]) -> Path:
     return path
 
 
-def test_the_dtype_follows_the_device() -> None:
-    assert resolved_dtype("auto", "cpu") == "float32" and resolved_dtype("auto", "cuda") == "bfloat16"
-    assert resolved_dtype("bfloat16", "cpu") == "bfloat16"
-    with pytest.raises(ValueError, match="unknown dtype"):
-        resolved_dtype("int8", "cpu")
+def test_the_precision_follows_the_device_and_its_instructions() -> None:
+    assert resolve_precision("auto", "cpu", cpu_bfloat16=False).name == "float32"
+    assert resolve_precision("auto", "cpu", cpu_bfloat16=True).name == "mixed"
+    assert resolve_precision("auto", "cuda").name == "bfloat16"
+    assert resolve_precision("auto", "cpu").weights == torch.float32  # whatever this CPU has
+    assert resolve_precision("bfloat16", "cpu").weights == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype 'int8'; choose one of auto, float32, bfloat16, mixed"):
+        resolve_precision("int8", "cpu")
+
+
+def test_mixed_precision_trains_float32_weights_along_the_float32_gradients(tmp_path: Path) -> None:
+    model, tokenizer, first = prepare_model(TrainConfig(base=str(TINY), train="-", output=str(tmp_path), full=True, top_layers=1))
+    rows = [build_row(e, ["LOC", "PER"], tokenizer) for e in _examples(6)]
+    pad, trained = tokenizer.eos_token_id, [p for p in model.parameters() if p.requires_grad]
+
+    def loss_and_grads(precision: str) -> tuple[float, torch.Tensor]:
+        model.zero_grad()
+        with PRECISIONS[precision].autocast("cpu"):
+            loss = answer_loss(model, rows, pad)
+        loss.backward()
+        return loss.item(), torch.cat([p.grad.flatten() for p in trained])
+
+    exact, exact_grads = loss_and_grads("float32")
+    mixed, mixed_grads = loss_and_grads("mixed")
+    assert mixed != exact and mixed == pytest.approx(exact, rel=0.02)  # bfloat16 products, not a float32 pass
+    assert torch.nn.functional.cosine_similarity(exact_grads, mixed_grads, dim=0) > 0.99
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in trained)
+
+    folder, lm = tmp_path / "frozen", inner_model(model)
+    exact_hidden = FrozenHidden.build(lm, [r.tree for r in rows], first, folder, pad).hidden.clone()
+    with PRECISIONS["mixed"].autocast("cpu"):
+        mixed_hidden = FrozenHidden.build(lm, [r.tree for r in rows], first, folder, pad).hidden.clone()
+    assert not torch.equal(exact_hidden, mixed_hidden), "states computed in float32 were reused for a mixed-precision run"
+    assert torch.allclose(exact_hidden, mixed_hidden, atol=0.1)
 
 
 def test_lora_on_the_top_layers_adapts_those_layers_only(tmp_path: Path) -> None:

@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from padellm_ner.cli import main
+from training.precision import resolve_precision
 from training.recipes import RecipeError, RecipeRun, load_recipe, recipe_names, stage_configs
-from training.trainer import TrainConfig, resolved_dtype
+from training.trainer import TrainConfig
 
 CORPORA = ("conll2003", "resume", "weibo")
 
@@ -49,7 +51,8 @@ def test_the_first_english_recipe_holds_its_model_cards_settings(small_data: Pat
     shipped = json.loads((SHIPPED / "en-conll03-v1" / "training.json").read_text())["config"]
     for key in ("base", "name", "device", *LM_SETTINGS):
         assert getattr(config, key) == shipped.get(key, getattr(TrainConfig, key, None)), key
-    assert resolved_dtype(config.dtype, config.device) == resolved_dtype(shipped["dtype"], shipped["device"]) == "bfloat16"
+    assert resolve_precision(config.dtype, config.device) == resolve_precision(shipped["dtype"], shipped["device"])
+    assert resolve_precision(config.dtype, config.device).name == "bfloat16"
 
 
 def test_the_english_recipe_holds_its_model_cards_stages(small_data: Path, tmp_path: Path) -> None:
@@ -61,16 +64,18 @@ def test_the_english_recipe_holds_its_model_cards_stages(small_data: Path, tmp_p
     assert tuned.base == continued.output and stored.model == tuned.output
     for key in LM_SETTINGS:
         assert getattr(tuned, key) == shipped["tuned"]["config"].get(key, getattr(TrainConfig, key, None)), key
-    assert resolved_dtype(tuned.dtype, "cpu") == "float32"
+    assert resolve_precision(tuned.dtype, "cpu").name == "float32"
     assert (stored.base, stored.max_megabytes, stored.name) == (shipped["config"]["base"], shipped["config"]["max_megabytes"], "en-conll03")
 
 
-def test_recipes_train_in_float32_on_the_cpu(small_data: Path, tmp_path: Path) -> None:
-    """A recipe written for a GPU still trains at the CPU's speed when run there."""
+def test_recipes_keep_float32_weights_on_the_cpu(small_data: Path, tmp_path: Path) -> None:
+    """A recipe written for a GPU still trains at the CPU's speed when run there: float32 weights,
+    with bfloat16 products only where the CPU has the instructions for them."""
     for name in recipe_names():
         for config in stage_configs(load_recipe(name), RecipeRun(small_data, tmp_path / name, device="cpu")):
             if hasattr(config, "dtype"):
-                assert resolved_dtype(config.dtype, "cpu") == "float32", name
+                for instructions in (False, True):
+                    assert resolve_precision(config.dtype, "cpu", instructions).weights == torch.float32, name
 
 
 def test_stages_continue_from_the_previous_stage(small_data: Path, tmp_path: Path) -> None:
@@ -116,6 +121,8 @@ def test_a_stage_can_train_the_previous_stages_adapter_further(small_data: Path,
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\nlora_rank = 8\n', "no setting lora_rank"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\nlora_r = "big"\n', "lora_r"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\ndevice = "cuda"\n', "no setting device"),
+    ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[stages.settings]\ndtype = "int8"\n',
+     "dtype: Input should be 'auto', 'float32', 'bfloat16' or 'mixed'"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\ncontinues = true\n', "no previous stage"),
     ('name = "x"\ndescription = "x"\n[[stages]]\ntrainer = "lm"\ntrain = "a.txt"\n[[stages]]\ntrainer = "lud"\ntrain = "a.txt"\n'
      'continues = "adapter"\n', "cannot train a previous stage's adapter further"),

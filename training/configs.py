@@ -5,7 +5,7 @@ checks settings against these dataclasses without loading a model's libraries.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 #: The training formats: PaDeLLM (a count and one query per mention, per label) and AR (all mentions in one answer).
 FORMATS = ("padellm", "ar")
@@ -13,6 +13,9 @@ FORMATS = ("padellm", "ar")
 QUERY_KINDS = ("count", "mention", "ar")
 #: The starting points of a diffusion model besides an NER model (name or folder) to adapt.
 INITS = ("scratch", "smollm2")
+#: What a run's ``dtype`` may name (``training.precision``): ``mixed`` is float32 weights with bfloat16 matrix products.
+Dtype = Literal["auto", "float32", "bfloat16", "mixed"]
+DTYPE_CHOICES: tuple[str, ...] = get_args(Dtype)
 
 
 @dataclass
@@ -47,8 +50,8 @@ class TrainConfig:
     checkpoint_minutes: float = 10.0
     seed: int = 0
     device: str = "cpu"
-    #: "auto": float32 on the CPU, bfloat16 on a GPU.
-    dtype: str = "auto"
+    #: "auto": float32 on the CPU, "mixed" (bfloat16 products) on one with bfloat16 instructions, bfloat16 on a GPU.
+    dtype: Dtype = "auto"
     resume: bool = False
     #: Weight of each query kind's answer tokens in the loss (count, mention, ar; missing: 1).
     loss_weights: dict[str, float] = field(default_factory=dict)
@@ -161,6 +164,6 @@ class LUDConfig:
     limit: int | None = None
     seed: int = 0
     device: str = "cpu"
-    #: "auto": float32 on the CPU, bfloat16 on a GPU.
-    dtype: str = "auto"
+    #: "auto": float32 on the CPU, "mixed" (bfloat16 products) on one with bfloat16 instructions, bfloat16 on a GPU.
+    dtype: Dtype = "auto"
     resume: bool = False

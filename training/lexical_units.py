@@ -39,7 +39,8 @@ from training.examples import IGNORE, TrainingRow, build_row
 from training.loop import LoopSettings, run_loop
 from training.loss import packed_loss
 from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indices
-from training.trainer import DTYPES, resolved_dtype, save_adapter
+from training.precision import resolve_precision
+from training.trainer import save_adapter
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ def train_lud(config: LUDConfig) -> dict:
 
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    ner = NERModel.load(config.model, dtype=DTYPES[resolved_dtype(config.dtype, config.device)], device=config.device)
+    precision = resolve_precision(config.dtype, config.device)
+    ner = NERModel.load(config.model, dtype=precision.weights, device=config.device)
     tokenizer = ner.tokenizer
     placeholder_id = tokenizer.convert_tokens_to_ids(config.placeholder)
     if placeholder_id is None or placeholder_id == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(placeholder_id) != config.placeholder:
@@ -117,7 +119,8 @@ def train_lud(config: LUDConfig) -> dict:
     frozen, setup_seconds, first_layer = None, 0.0, trained[0]
     if first_layer > 0:
         began = time.perf_counter()
-        frozen = FrozenHidden.build(model.get_base_model(), trees, first_layer, settings.checkpoint_folder / "frozen", pad, config.batch_tokens)
+        with precision.autocast(config.device):
+            frozen = FrozenHidden.build(model.get_base_model(), trees, first_layer, settings.checkpoint_folder / "frozen", pad, config.batch_tokens)
         setup_seconds = time.perf_counter() - began
     dtype = next(model.parameters()).dtype
 
@@ -125,7 +128,8 @@ def train_lud(config: LUDConfig) -> dict:
         ids, positions, mask = collate_parent_trees([trees[i] for i in batch], pad, dtype)
         columns.see(ids)
         hidden = frozen.padded(batch) if frozen is not None else None
-        return packed_loss(model, ids, positions, mask, [rows[i].targets for i in batch], frozen_hidden=hidden, first_layer=first_layer)
+        with precision.autocast(config.device):
+            return packed_loss(model, ids, positions, mask, [rows[i].targets for i in batch], frozen_hidden=hidden, first_layer=first_layer)
 
     def save(folder: Path) -> None:
         save_adapter(model, config.model, folder)

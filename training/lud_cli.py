@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from training.configs import LUDConfig
+from training.configs import DTYPE_CHOICES, LUDConfig
 
 
 def cmd_train_lud(args: argparse.Namespace) -> int:
@@ -51,8 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", type=int, default=None, help="use the first N training texts")
     parser.add_argument("--checkpoint-minutes", type=float, default=defaults.checkpoint_minutes)
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16"],
-                        help="auto: float32 on the CPU, bfloat16 on a GPU")
+    parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPE_CHOICES,
+                        help="auto: mixed (bfloat16 products) on a CPU with bfloat16 instructions, float32 on other CPUs, bfloat16 on a GPU")
     parser.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint, exactly")
     parser.add_argument("--device", default=defaults.device)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

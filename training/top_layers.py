@@ -60,9 +60,11 @@ def layer_range(lm: PreTrainedModel, start: int, stop: int) -> Iterator[None]:
 
 
 def _fingerprint(lm: PreTrainedModel, trees: Sequence[ParentTree], frozen: int) -> str:
-    """What the frozen layers' output depends on: the model's frozen weights (a sample of each)
-    and the rows."""
-    digest = hashlib.sha256(f"{lm.config.model_type}:{lm.config.hidden_size}:{frozen}".encode())
+    """What the frozen layers' output depends on: the model's frozen weights (a sample of each),
+    the dtype of its matrix products (autocast) and the rows."""
+    device = lm.device.type
+    products = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else next(lm.parameters()).dtype
+    digest = hashlib.sha256(f"{lm.config.model_type}:{lm.config.hidden_size}:{frozen}:{products}".encode())
     decoder = lm.get_decoder()
     for module in [decoder.embed_tokens, *list(decoder.layers)[:frozen]]:
         for parameter in module.parameters():

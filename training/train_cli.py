@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+from training.configs import DTYPE_CHOICES
+
 #: Where ``--data`` points unless given: ``PADELLM_DATA``, else the shared data folder.
 DEFAULT_DATA = os.environ.get("PADELLM_DATA", "../shared/data")
 #: The flags that configure a run without a recipe (a recipe file holds these settings).
@@ -137,8 +139,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     trainer.add_argument("--eval-limit", type=int, default=200, help="dev texts scored after each epoch")
     trainer.add_argument("--eval-batch-size", type=int, default=16)
     trainer.add_argument("--seed", type=int, default=0)
-    trainer.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                         help="auto: float32 on the CPU (bfloat16 runs ~25x slower there), bfloat16 on a GPU")
+    trainer.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                         help="mixed: float32 weights, bfloat16 matrix products; auto: mixed on a CPU with bfloat16 instructions "
+                              "(AVX512_BF16, AMX), float32 on other CPUs (bfloat16 runs ~25x slower there), bfloat16 on a GPU")
     trainer.add_argument("--top-layers", type=int, default=None,
                          help="train only the top N layers; the frozen layers below run once per text (default: all layers)")
     trainer.add_argument("--kept-vocabulary", action="store_true",

@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from general_decoding.kept_vocabulary import KeptVocabulary
 from training.loop import LoopSettings, run_loop
 from training.loss import answer_loss, inner_model
+from training.precision import resolve_precision
 from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indices
 from ner_service.engine import NEREngine, NERModel, NERModelConfig, prompts
 from ner_service.engine.engine import MAX_WINDOW_TOKENS
@@ -33,19 +34,6 @@ from training.configs import QUERY_KINDS, TrainConfig
 from training.document_windows import document_windows
 from training.examples import build_row
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolved_dtype(dtype: str, device: str) -> str:
-    """``dtype``, or for ``"auto"`` the one that is fast on ``device``: float32 on a CPU (most
-    have no bfloat16 arithmetic: a step runs about 25x slower), bfloat16 on a GPU."""
-    if dtype == "auto":
-        return "float32" if device == "cpu" else "bfloat16"
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {', '.join(DTYPES)}")
-    return dtype
-
-
 def oversample_hard_counts(examples: list[Example], labels: list[str], minimum: int, repeat: int) -> list[Example]:
     """``examples`` with each text that holds at least ``minimum`` mentions of a label repeated
     ``repeat`` times (under-counting long lists is PaDeLLM's main error)."""
@@ -56,7 +44,7 @@ def oversample_hard_counts(examples: list[Example], labels: list[str], minimum: 
 
 def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, int]:
     """The model to train, its tokenizer, and the index of its first trained layer."""
-    model, tokenizer = load_base(config.base, dtype=DTYPES[resolved_dtype(config.dtype, config.device)], device=config.device)
+    model, tokenizer = load_base(config.base, dtype=resolve_precision(config.dtype, config.device).weights, device=config.device)
     trained = trained_layer_indices(model, config.top_layers)
     if config.full:
         model.requires_grad_(config.top_layers is None)
@@ -166,16 +154,19 @@ def train(config: TrainConfig) -> dict:
     settings = LoopSettings(lr=config.lr, batch_tokens=config.batch_tokens, seed=config.seed, checkpoint_folder=output / "checkpoint",
                             epochs=config.epochs, warmup_steps=config.warmup_steps, max_steps=config.max_steps,
                             max_minutes=config.max_minutes, checkpoint_minutes=config.checkpoint_minutes, resume=config.resume)
+    precision = resolve_precision(config.dtype, config.device)
     frozen, setup_seconds = None, 0.0
     if first_layer > 0:
         began = time.perf_counter()
         trees = [r.tree for r in rows]
-        frozen = FrozenHidden.build(inner_model(model), trees, first_layer, settings.checkpoint_folder / "frozen", pad, config.batch_tokens)
+        with precision.autocast(config.device):
+            frozen = FrozenHidden.build(inner_model(model), trees, first_layer, settings.checkpoint_folder / "frozen", pad, config.batch_tokens)
         setup_seconds = time.perf_counter() - began
 
     def batch_loss(batch: list[int]) -> torch.Tensor:
         hidden = frozen.padded(batch) if frozen is not None else None
-        return answer_loss(model, [rows[i] for i in batch], pad, hidden, first_layer, vocabulary)
+        with precision.autocast(config.device):
+            return answer_loss(model, [rows[i] for i in batch], pad, hidden, first_layer, vocabulary)
 
     def evaluate() -> dict:
         return evaluate_during_training(model, tokenizer, config, ner_config, dev_examples)
