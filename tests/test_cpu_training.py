@@ -168,3 +168,35 @@ def test_an_interrupted_frozen_pass_continues_where_it_stopped(tmp_path: Path) -
     resumed = FrozenHidden.build(lm, trees, first, tmp_path / "partial", pad, batch_tokens=64)
     assert torch.equal(resumed.hidden, whole)
     assert json.loads((tmp_path / "partial" / "hidden.json").read_text())["done"] == len(trees)
+
+
+def test_the_schedule_ends_when_the_run_is_out_of_minutes(tmp_path: Path) -> None:
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from training.loop import LoopSettings, last_step_in_time, run_loop
+
+    assert last_step_in_time(600, 100, 1000.0, 1300.0, None) == 600  # no budget: the epochs decide
+    assert last_step_in_time(600, 100, 1000.0, 1300.0, 60.0) == 100 + (3600 - 1300) // 10  # 10 s a step, 300 s of setup
+    assert last_step_in_time(600, 100, 100.0, 100.0, 60.0) == 600  # the epochs end first
+    assert last_step_in_time(600, 100, 1000.0, 4000.0, 60.0) == 100  # out of time: ends now
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    inputs, targets = torch.randn(64, 8), torch.randn(64, 1)
+
+    def batch_loss(batch: list[int]) -> torch.Tensor:
+        time.sleep(0.04)  # a step's pace, so that the budget below holds a known number of steps
+        return torch.nn.functional.mse_loss(model(inputs[batch]), targets[batch])
+
+    rates: list[float] = []
+    hook = register_optimizer_step_pre_hook(lambda optimizer, *_: rates.append(optimizer.param_groups[0]["lr"]))
+    try:
+        settings = LoopSettings(lr=1e-2, batch_tokens=8, seed=0, checkpoint_folder=tmp_path, epochs=100, warmup_steps=2,
+                                max_minutes=2 / 60, checkpoint_minutes=60)
+        state = run_loop(model, [1] * 64, batch_loss, settings)
+    finally:
+        hook.remove()
+    planned = 100 * 8
+    assert 10 < state["step"] < planned / 4, state["step"]  # stopped by the clock, long before its epochs
+    assert max(rates[2:]) > 0.9e-2 and rates[-1] < 0.15e-2  # from the peak to near the floor (10 %) in the minutes given
+    assert rates[len(rates) // 2] < 0.8e-2  # halfway through the minutes, halfway down: not a cosine over 800 steps

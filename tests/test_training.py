@@ -182,3 +182,28 @@ def test_a_model_trained_further_keeps_its_decoding_choices_when_its_labels_are_
     train(replace(run, output=str(tmp_path / "other"), labels=["LOC", "PER"]))
     fresh = json.loads((tmp_path / "other" / "ner_model.json").read_text())
     assert (fresh["count_bias"], fresh["repair_unaligned"]) == (0.0, True)
+
+
+def test_a_run_can_choose_its_count_bias_on_dev_as_calibrate_counts_would(tmp_path: Path, tiny_engine) -> None:
+    from corpora import read_corpus
+    from ner_service.engine import NEREngine
+    from ner_service.engine.count_bias import CountBias
+    from training.count_calibration import calibrate, count_scores
+
+    base = tmp_path / "tiny"
+    shutil.copytree(tiny_engine.ner_model.path, base)
+    inherited = {"PER": 0.75}
+    chosen = json.loads((base / "ner_model.json").read_text()) | {"count_bias": inherited}
+    (base / "ner_model.json").write_text(json.dumps(chosen))
+    data = _jsonl(tmp_path / "train.jsonl", 6)
+    run = TrainConfig(base=str(base), train=str(data), dev=str(data), output=str(tmp_path / "calibrated"), full=True, max_steps=1,
+                      batch_tokens=512, eval_limit=2, eval_batch_size=4, labels=chosen["labels"], calibrate_counts=True)
+    summary = train(run)
+    written = CountBias.of(json.loads((tmp_path / "calibrated" / "ner_model.json").read_text())["count_bias"])
+    trained = NEREngine.load(tmp_path / "calibrated", count_bias=inherited)
+    expected = calibrate(count_scores(trained, read_corpus(str(data)), 4, progress=False), trained.count_bias, trained.labels)
+    assert written == CountBias.of({c.label: c.bias for c in expected}) != CountBias.of(inherited)
+    assert summary["count_calibration"].startswith("| label | pairs |") and "| PER | 6 | " in summary["count_calibration"]
+    assert "## Count bias chosen on dev" in (tmp_path / "calibrated" / "README.md").read_text()
+    with pytest.raises(ValueError, match="calibrate_counts .* needs dev"):
+        train(replace(run, dev=None, output=str(tmp_path / "no-dev")))

@@ -39,6 +39,8 @@ class TrainConfig:
     warmup_steps: int = 30
     epochs: float = 1.0
     max_steps: int | None = None
+    #: Minutes of training (frozen pass included, dev scoring not); the learning rate's cosine ends
+    #: with them when they end before ``epochs`` do.
     max_minutes: float | None = None
     batch_tokens: int = 2048
     limit: int | None = None
@@ -70,6 +72,9 @@ class TrainConfig:
     #: Also train on this many windows of the training documents that are no single sentence
     #: (:mod:`training.document_windows`): texts shaped like what the engine reads from a document.
     document_windows: int = 0
+    #: After training, choose each label's PaDeLLM count bias on the whole ``dev`` file
+    #: (:mod:`training.count_calibration`) and write it in ``ner_model.json``.
+    calibrate_counts: bool = False
 
 
 @dataclass

@@ -1,6 +1,10 @@
 """The optimisation loop the trainers share: batches under a token budget in an order each epoch's
 seed decides, warm-up then a cosine schedule, a progress bar with ETA, a checkpoint every few
-minutes and at each epoch's end, and ``resume`` that continues a killed run exactly."""
+minutes and at each epoch's end, and ``resume`` that continues a killed run exactly.
+
+A run with ``max_minutes`` ends its cosine when its minutes do, if that comes before its epochs
+end: the schedule's last step is re-estimated after every step from the run's pace so far, so
+that one recipe trains to a finished schedule on a fast CPU and on a slow one."""
 
 from __future__ import annotations
 
@@ -45,15 +49,26 @@ class LoopSettings:
     resume: bool = False
 
 
-def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
-    """The learning-rate factor of a step: linear warm-up, then cosine down to 0.1."""
+def warmup_cosine(warmup: int, last_step: Callable[[], int]) -> Callable[[int], float]:
+    """The learning-rate factor of a step: linear warm-up, then cosine down to 0.1 at ``last_step()``
+    (and 0.1 after it)."""
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+        progress = min(1.0, (step - warmup) / max(1, last_step() - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
+
+
+def last_step_in_time(planned: int, step: int, step_seconds: float, seconds: float, max_minutes: float | None) -> int:
+    """The step a run ends at: ``planned``, or sooner the step at which ``max_minutes`` of
+    ``seconds`` (setup included) run out at the pace of its ``step`` steps so far (``step_seconds``)."""
+    if max_minutes is None or step_seconds <= 0:
+        return planned
+    pace = step_seconds / step
+    return max(step, min(planned, step + int((60 * max_minutes - seconds) / pace)))
 
 
 def run_loop(model: torch.nn.Module, lengths: Sequence[int], batch_loss: BatchLoss, settings: LoopSettings,
@@ -67,11 +82,16 @@ def run_loop(model: torch.nn.Module, lengths: Sequence[int], batch_loss: BatchLo
     total_steps = settings.max_steps or max(1, math.ceil(steps_per_epoch * settings.epochs))
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(min(settings.warmup_steps, max(1, total_steps // 10)), total_steps))
+    state = {"step": 0, "tokens": 0, "seconds": 0.0, "step_seconds": 0.0, "evaluated_at": 0, "history": []}
+
+    def last_step() -> int:
+        return last_step_in_time(total_steps, state["step"], state["step_seconds"], state["seconds"], settings.max_minutes)
+
+    warmup = min(settings.warmup_steps, max(1, total_steps // 10))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, last_step))
     folder = settings.checkpoint_folder
-    state = {"step": 0, "tokens": 0, "seconds": 0.0, "evaluated_at": 0, "history": []}
     if settings.resume:
-        state = load_checkpoint(folder, model, optimizer, scheduler) or state
+        state.update(load_checkpoint(folder, model, optimizer, scheduler) or {})
         log.info("resuming at step %d", state["step"])
     state["seconds"] += setup_seconds
     clock = CheckpointClock(settings.checkpoint_minutes)
@@ -102,8 +122,10 @@ def run_loop(model: torch.nn.Module, lengths: Sequence[int], batch_loss: BatchLo
             state["step"] += 1
             state["tokens"] += tokens
             state["seconds"] += seconds
+            state["step_seconds"] += seconds
             timed_tokens += tokens
             timed_seconds += seconds
+            bar.total = last_step()
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{timed_tokens / timed_seconds:.0f}")
             if clock.due():

@@ -16,7 +16,7 @@ DEFAULT_DATA = os.environ.get("PADELLM_DATA", "../shared/data")
 #: The flags that configure a run without a recipe (a recipe file holds these settings).
 EXPLICIT_FLAGS = ("train", "dev", "name", "language", "labels", "formats", "full", "lora_r", "lora_alpha", "lr", "epochs",
                   "max_minutes", "batch_tokens", "eval_limit", "eval_batch_size", "seed", "dtype", "base", "top_layers",
-                  "kept_vocabulary", "init_adapter")
+                  "kept_vocabulary", "init_adapter", "calibrate_counts")
 
 
 def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -33,7 +33,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, limit=args.limit,
         eval_limit=args.eval_limit, eval_batch_size=args.eval_batch_size, seed=args.seed, device=args.device or "cpu", dtype=args.dtype,
         top_layers=args.top_layers, kept_vocabulary=args.kept_vocabulary, checkpoint_minutes=args.checkpoint_minutes, resume=args.resume,
-        init_adapter=args.init_adapter,
+        init_adapter=args.init_adapter, calibrate_counts=args.calibrate_counts,
     )
     summary = train(config)
     print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second", "history")}, indent=2))
@@ -134,7 +134,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     trainer.add_argument("--lora-alpha", type=int, default=32)
     trainer.add_argument("--lr", type=float, default=8e-4)
     trainer.add_argument("--epochs", type=float, default=1.0)
-    trainer.add_argument("--max-minutes", type=float, default=None, help="stop after this many minutes of training steps")
+    trainer.add_argument("--max-minutes", type=float, default=None, help="stop after this many minutes of training (the frozen pass included, dev scoring not); the "
+                              "learning rate's cosine then ends with them when they end before the epochs do")
     trainer.add_argument("--batch-tokens", type=int, default=2048)
     trainer.add_argument("--eval-limit", type=int, default=200, help="dev texts scored after each epoch")
     trainer.add_argument("--eval-batch-size", type=int, default=16)
@@ -150,6 +151,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     trainer.add_argument("--init-adapter", default=None, metavar="MODEL",
                          help="start the LoRA from this NER model's adapter (shipped name or folder) to train it further; "
                               "--lora-r and --top-layers must match it")
+    trainer.add_argument("--calibrate-counts", action="store_true",
+                         help="after training, choose each label's PaDeLLM count bias on the whole --dev file (raises recall "
+                              "where the model counts too few mentions)")
     trainer.add_argument("--checkpoint-minutes", type=float, default=10.0, help="minutes between checkpoints (default: %(default)s)")
     trainer.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint, exactly")
     trainer.set_defaults(func=lambda args: cmd_train(args, trainer))

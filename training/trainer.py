@@ -26,11 +26,13 @@ from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indi
 from ner_service.engine import NEREngine, NERModel, NERModelConfig, prompts
 from ner_service.engine.engine import MAX_WINDOW_TOKENS
 from ner_service.engine.chunking import mostly_single_sentences
+from ner_service.engine.count_bias import CountBias
 from ner_service.engine.model_loading import ModelNotFoundError
 from ner_service.engine.ner_model import SELF_CONTAINED, load_base, resolve_ner_model
 from corpora import Example, check_labels, read_corpus
 from training.evaluate import dev_scores
 from training.configs import QUERY_KINDS, TrainConfig
+from training.count_calibration import calibrate, count_scores, table
 from training.document_windows import document_windows
 from training.examples import build_row
 
@@ -139,6 +141,8 @@ def train(config: TrainConfig) -> dict:
     unknown = set(config.loss_weights) - set(QUERY_KINDS)
     if unknown:
         raise ValueError(f"loss_weights names unknown query kinds {sorted(unknown)}; the kinds: {', '.join(QUERY_KINDS)}")
+    if config.calibrate_counts and (config.dev is None or "padellm" not in config.formats):
+        raise ValueError("calibrate_counts chooses PaDeLLM's count bias on a dev file: it needs dev and the padellm format")
     model, tokenizer, first_layer = prepare_model(config)
     ner_config = _ner_config(config, labels, tokenizer, mostly_single_sentences([e.text for e in train_examples]))
     windows = config.document_windows if config.limit is None else min(config.document_windows, config.limit)  # a smoke run reads few
@@ -172,15 +176,29 @@ def train(config: TrainConfig) -> dict:
         return evaluate_during_training(model, tokenizer, config, ner_config, dev_examples)
 
     state = run_loop(model, lengths, batch_loss, settings, evaluate if dev_examples else None, setup_seconds)
+    calibration = calibrate_count_bias(model, tokenizer, config, ner_config) if config.calibrate_counts else None
     if vocabulary is not None:
         output.mkdir(parents=True, exist_ok=True)
         vocabulary.save(output)
-    return save_model(model, tokenizer, config, ner_config, state)
+    return save_model(model, tokenizer, config, ner_config, state, calibration)
 
 
-def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig, state: dict) -> dict:
+def calibrate_count_bias(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig) -> str:
+    """Choose each label's count bias on the whole dev file (a smoke run's ``limit`` cuts it too),
+    set it in ``ner_config`` and return the table of the counts' errors before and after."""
+    lm = inner_model(model)
+    lm.eval()
+    engine = NEREngine(NERModel(lm, tokenizer, ner_config, Path(config.output)))
+    scores = count_scores(engine, read_corpus(config.dev)[: config.limit], config.eval_batch_size)
+    calibrations = calibrate(scores, engine.count_bias, engine.labels)
+    ner_config.count_bias = CountBias.of({c.label: c.bias for c in calibrations}).setting(engine.labels)
+    return table(calibrations, engine.count_bias)
+
+
+def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig, state: dict,
+               count_calibration: str | None = None) -> dict:
     """Write the adapter (fp16) or the full model, ``ner_model.json``, ``training.json`` and a
-    ``README.md`` model card. The adapter names its base as the run was given it (an alias such
+    ``README.md`` model card (with ``count_calibration``, the table of a count bias chosen on dev). The adapter names its base as the run was given it (an alias such
     as ``smollm2-135m-instruct``, a name or a path), never the folder it resolved to on this
     machine (the de-quantised cache of an alias); :class:`NERModel` loads the base of ``ner_model.json``."""
     output = Path(config.output)
@@ -193,7 +211,8 @@ def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, confi
     ner_config.metrics = {"dev_during_training": state["history"][-1] if state["history"] else None}
     ner_config.write(output)
     summary = {"config": asdict(config), "steps": state["step"], "tokens": state["tokens"], "train_seconds": round(state["seconds"], 1),
-               "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1), "history": state["history"]}
+               "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1), "history": state["history"],
+               "count_bias": ner_config.count_bias, "count_calibration": count_calibration}
     (output / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (output / "README.md").write_text(model_card(config, ner_config.labels, summary), encoding="utf-8")  # in place of peft's empty template
     return summary
@@ -236,4 +255,7 @@ def model_card(config: TrainConfig, labels: list[str], summary: dict) -> str:
         lines += ["", "## Dev micro-F1 during training", "", "| epoch | step | " + " | ".join(strategies) + " |",
                   "| --- | --- | " + " | ".join("---" for _ in strategies) + " |"]
         lines += [f"| {h['epoch']} | {h['step']} | " + " | ".join(f"{h[s]['micro_f1']:.2f}" for s in strategies) + " |" for h in summary["history"]]
+    if summary.get("count_calibration"):
+        lines += ["", "## Count bias chosen on dev", "", f"`count_bias`: `{json.dumps(summary['count_bias'])}` (before it: the model's bias in brackets)",
+                  "", summary["count_calibration"]]
     return "\n".join(lines) + "\n"
