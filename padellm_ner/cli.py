@@ -136,15 +136,12 @@ def cmd_calibrate_counts(args: argparse.Namespace) -> int:
 
     from corpora import read_corpus
     from ner_service.engine import NEREngine
-    from ner_service.engine.count_bias import CountBias
     from ner_service.engine.ner_model import resolve_ner_model
-    from training.count_calibration import calibrate, count_scores, table
+    from training.count_calibration import choose_count_bias, table
 
     engine = NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=_count_bias(args))
-    scores = count_scores(engine, read_corpus(args.path)[: args.limit], args.batch_size)
-    calibrations = calibrate(scores, engine.count_bias, engine.labels)
+    setting, calibrations = choose_count_bias(engine, read_corpus(args.path)[: args.limit], args.batch_size)
     print(table(calibrations, engine.count_bias))
-    setting = CountBias.of({c.label: c.bias for c in calibrations}).setting(engine.labels)
     print(f"count_bias: {json.dumps(setting)}")
     if args.write:
         folder = resolve_ner_model(args.model)

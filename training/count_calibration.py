@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from corpora import Example
 from ner_service.engine import NEREngine
-from ner_service.engine.count_bias import CountBias
+from ner_service.engine.count_bias import CountBias, CountBiasSetting
 from ner_service.engine.query_runners import SharedPrefixRunner
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.strategies.padellm import PaDeLLM
@@ -112,6 +112,12 @@ def calibrate(scores: CountScores, current: CountBias, labels: Sequence[str], gr
         bias = min(grid, key=lambda b: (scores.errors(label, b).total, abs(b)))
         chosen.append(LabelCalibration(label, bias, scores.errors(label, current.for_label(label)), scores.errors(label, bias)))
     return chosen
+
+
+def choose_count_bias(engine: NEREngine, examples: Sequence[Example], batch_size: int = 16) -> tuple[CountBiasSetting, list[LabelCalibration]]:
+    """The ``count_bias`` setting chosen on ``examples`` for the engine's model, and each label's calibration."""
+    calibrations = calibrate(count_scores(engine, examples, batch_size), engine.count_bias, engine.labels)
+    return CountBias.of({c.label: c.bias for c in calibrations}).setting(engine.labels), calibrations
 
 
 def table(calibrations: Sequence[LabelCalibration], current: CountBias) -> str:

@@ -26,13 +26,12 @@ from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indi
 from ner_service.engine import NEREngine, NERModel, NERModelConfig, prompts
 from ner_service.engine.engine import MAX_WINDOW_TOKENS
 from ner_service.engine.chunking import mostly_single_sentences
-from ner_service.engine.count_bias import CountBias
 from ner_service.engine.model_loading import ModelNotFoundError
 from ner_service.engine.ner_model import SELF_CONTAINED, load_base, resolve_ner_model
 from corpora import Example, check_labels, read_corpus
 from training.evaluate import dev_scores
 from training.configs import QUERY_KINDS, TrainConfig
-from training.count_calibration import calibrate, count_scores, table
+from training.count_calibration import choose_count_bias, table
 from training.document_windows import document_windows
 from training.examples import build_row
 
@@ -189,9 +188,7 @@ def calibrate_count_bias(model: torch.nn.Module, tokenizer: PreTrainedTokenizerB
     lm = inner_model(model)
     lm.eval()
     engine = NEREngine(NERModel(lm, tokenizer, ner_config, Path(config.output)))
-    scores = count_scores(engine, read_corpus(config.dev)[: config.limit], config.eval_batch_size)
-    calibrations = calibrate(scores, engine.count_bias, engine.labels)
-    ner_config.count_bias = CountBias.of({c.label: c.bias for c in calibrations}).setting(engine.labels)
+    ner_config.count_bias, calibrations = choose_count_bias(engine, read_corpus(config.dev)[: config.limit], config.eval_batch_size)
     return table(calibrations, engine.count_bias)
 
 
