@@ -156,7 +156,9 @@ def test_train_lud_saves_a_stacked_model_that_decodes(tmp_path, data_dir) -> Non
         got = engine.extract(TEXTS, strategy=strategy, decoder="greedy")
         # greedy decoding never feeds a placeholder: the adapter leaves it exactly the model it was trained from
         assert [r.entities for r in got] == [r.entities for r in reference.extract(TEXTS, strategy=strategy, decoder="greedy")]
-        engine.extract(TEXTS, strategy=strategy, decoder=get_decoder("lud", threshold=0.5))  # the paper's acceptance, end to end
+        unverified = engine.extract(TEXTS, strategy=strategy, decoder=get_decoder("lud", threshold=0.5))  # the paper's acceptance
+        assert len(unverified) == len(TEXTS) and all(r.stats.forward_passes > 0 for r in unverified)
+        assert all(r.text[e.start:e.end] == e.text for r in unverified for e in r.entities)
         verified = engine.extract(TEXTS, strategy=strategy, decoder="lud")
         assert [r.entities for r in verified] == [r.entities for r in got]
 
@@ -177,7 +179,8 @@ def test_snapshots_load_and_leave_the_run_as_it_would_have_been(tmp_path, data_d
     last = load_file(snapshots[0] / "adapter_model.safetensors")
     assert finals[0.0].keys() == finals[10.0].keys() == last.keys()
     assert all(torch.equal(finals[0.0][k], finals[10.0][k]) and torch.equal(last[k], finals[0.0][k]) for k in last)
-    assert NEREngine.load(snapshots[0]).extract(TEXTS[:1], strategy="ar", decoder="lud")[0].entities is not None
+    (answer,) = NEREngine.load(snapshots[0]).extract(TEXTS[:1], strategy="ar", decoder="lud")
+    assert answer.stats.forward_passes > 0 and all(TEXTS[0][e.start:e.end] == e.text for e in answer.entities)
 
 
 def test_the_shipped_lud_model_answers_as_its_base_in_fewer_forwards() -> None:

@@ -61,7 +61,8 @@ def test_a_small_budget_keeps_the_largest_part_of_the_change_within_it(tuned: Pa
     assert (tuned / "small" / "adapter_model.safetensors").stat().st_size <= 30_000
     assert 0.2 < summary["kept_share"] < 0.99
     assert summary["dev"] is None
-    NEREngine.load(tuned / "small").extract(TEXTS)
+    answers = NEREngine.load(tuned / "small").extract(TEXTS)  # a model that loads and answers, if worse
+    assert len(answers) == len(TEXTS) and all(a.stats.forward_passes > 0 for a in answers)
 
 
 def test_ranks_go_where_a_stored_weight_keeps_the_most() -> None:

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from ner_service.engine import prompts
-from corpora import Example, Span
+from corpora import Example, Span, labels_of, read_corpus
 from training.examples import IGNORE, build_row, query_answers
 from training.loss import answer_loss
 from training.trainer import TrainConfig, prepare_model, train
@@ -73,6 +73,17 @@ def _jsonl(path: Path, n: int) -> Path:
     return path
 
 
+def _loss_on(model: str | Path, data: Path) -> float:
+    """The answer loss of ``model`` (a model folder) on the training rows of ``data``."""
+    from ner_service.engine import NEREngine
+
+    ner_model = NEREngine.load(model).ner_model
+    examples = read_corpus(data)
+    rows = [build_row(example, labels_of(examples), ner_model.tokenizer) for example in examples]
+    with torch.inference_mode():
+        return answer_loss(ner_model.model, rows, ner_model.tokenizer.eos_token_id).item()
+
+
 def test_training_lowers_the_loss_checkpoints_and_resumes(tmp_path: Path, tiny_engine) -> None:
     data = _jsonl(tmp_path / "train.jsonl", 8)
     base = str(tiny_engine.ner_model.path)
@@ -80,6 +91,7 @@ def test_training_lowers_the_loss_checkpoints_and_resumes(tmp_path: Path, tiny_e
                          warmup_steps=1, max_steps=6, batch_tokens=512, eval_limit=2, eval_batch_size=2)
     first = train(config)
     assert first["steps"] == 6 and (tmp_path / "out" / "ner_model.json").is_file()
+    assert _loss_on(tmp_path / "out", data) < 0.7 * _loss_on(base, data)
     checkpoint = torch.load(tmp_path / "out" / "checkpoint" / "checkpoint.pt", weights_only=False)
     assert checkpoint["state"]["step"] == 6
     config.max_steps, config.resume = 9, True

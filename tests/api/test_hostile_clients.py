@@ -92,13 +92,11 @@ def test_capabilities_a_model_lacks_are_422_with_what_it_supports(server: str) -
         assert response.status_code == 422
 
 
-def test_bad_documents_are_refused_at_the_door_and_echoes_stay_small(server: str) -> None:
+def test_blank_documents_are_refused_and_echoes_stay_small(server: str) -> None:
+    """(Empty, too long and lone-surrogate documents: tests/pipeline/test_pipeline_hostile_input.py.)"""
     with httpx.Client(base_url=server, timeout=60) as http:
-        for text, reason in (("", "empty text"), ("   ", "empty text"), ("x" * 20_001, "NER_MAX_TEXT_CHARS"),
-                             ("a\ud800", "unpaired surrogate")):
-            body = json.dumps({"documents": [{"text": text}]}).encode()  # ASCII escapes: a lone surrogate travels as \ud800
-            response = http.post("/v1/jobs", headers={**ALPHA, "Content-Type": "application/json"}, content=body)
-            assert response.status_code == 422 and reason in response.text, (reason, response.text[:300])
+        response = http.post("/v1/jobs", headers=ALPHA, json={"documents": [{"text": " \t\n "}]})
+        assert response.status_code == 422 and "empty text" in response.text, response.text[:300]
         huge = http.post("/v1/entities", headers=ALPHA, json={"text": TEXT, "labels": ["PER"] * 500_000})
         assert huge.status_code == 422 and len(huge.content) < 2_000
         unknown = http.post("/v1/jobs", headers=ALPHA, json={"documents": [{"text": TEXT}], "priority": "high"})

@@ -52,13 +52,6 @@ def test_log_lines_are_json_with_the_request_id() -> None:
     assert line["message"] == "hello you" and line["request_id"] == "req-42" and line["model"] == "m"
 
 
-def test_serve_command_options() -> None:
-    args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--port", "9000", "--workers", "2"])
-    assert (args.host, args.port, args.workers) == ("0.0.0.0", 9000, 2)
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "--port", "not-a-port"])
-
-
 def test_serve_refuses_an_unknown_model_before_it_starts(capsys: pytest.CaptureFixture[str]) -> None:
     assert build_parser().parse_args(["serve", "--model", "runs/mine"]).model == "runs/mine"
     assert main(["serve", "--model", "no-such-model"]) == 2
