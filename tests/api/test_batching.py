@@ -25,6 +25,7 @@ from ner_service.api.core.metrics import Metrics
 from ner_service.api.core.work import pieces_of
 from ner_service.api.state import ApiState
 from ner_service.engine import ExtractOptions, Extraction
+from tests.entity_lists import as_entities, assert_same_entities
 
 TEXT = "EU rejects German call to boycott British lamb ."
 #: A gathering window far longer than any test needs for its requests to arrive: the batch
@@ -75,16 +76,16 @@ async def _queued_in_order(app: FastAPI, ordered: list[dict], then: list[dict]) 
 
 def test_requests_with_different_options_are_not_mixed(app_factory: Callable[..., FastAPI], tiny_engine) -> None:
     app = app_factory(ner_batch_wait_ms=LONG_WINDOW_MS, ner_batch_max_texts=8)
-    per, loc = {"text": TEXT, "labels": ["PER"]}, {"text": TEXT, "labels": ["LOC"], "strategy": "ar"}
-    # 8 texts queued close the window: the 4 PER texts make one batch, the LOC texts wait for 4 more of their own
-    responses = asyncio.run(_queued_in_order(app, [per] * 4 + [loc] * 4, [loc] * 4))
-    for body, response, batch in zip([per] * 4 + [loc] * 8, responses, [4] * 4 + [8] * 8):
+    misc, ar = {"text": TEXT, "labels": ["MISC"]}, {"text": TEXT, "labels": ["LOC", "MISC"], "strategy": "ar"}
+    # 8 texts queued close the window: the 4 MISC texts make one batch, the AR texts wait for 4 more of their own
+    responses = asyncio.run(_queued_in_order(app, [misc] * 4 + [ar] * 4, [ar] * 4))
+    for body, response, batch in zip([misc] * 4 + [ar] * 8, responses, [4] * 4 + [8] * 8):
         assert response.status_code == 200, response.text
         answer = response.json()
         assert answer["labels"] == body["labels"] and answer["strategy"] == body.get("strategy", "padellm")
         assert answer["results"][0]["stats"]["batch_texts"] == batch
         expected = tiny_engine.extract([TEXT], labels=body["labels"], strategy=answer["strategy"])[0]
-        assert answer["results"][0]["entities"] == [e.to_dict() for e in expected.entities]
+        assert_same_entities([as_entities(answer["results"][0]["entities"])], [expected.entities])
 
 
 def test_without_microbatching_each_request_runs_alone(app_factory: Callable[..., FastAPI]) -> None:

@@ -81,6 +81,7 @@ def test_processed_document_entities(client: TestClient, sessions, tiny_engine) 
     assert (status["status"], status["processed"], status["failed"], status["progress"]) == ("completed", 1, 1, 1.0)
     found = client.get(f"/v1/documents/{first}/entities").json()
     expected = tiny_engine.extract(["EU rejects German call to boycott British lamb ."])[0].entities
+    assert expected, "compares entities, not empty lists"
     assert found["status"] == "processed" and found["model_version"] == model_version_of_path("tiny-conll03")
     assert [(e["start"], e["end"], e["label"]) for e in found["entities"]] == [(e.start, e.end, e.label) for e in expected]
     failed = client.get(f"/v1/documents/{second}/entities").json()

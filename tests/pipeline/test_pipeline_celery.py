@@ -66,6 +66,7 @@ def _wait(sessions, job_id: int, until, timeout: float, workers: Workers) -> Job
 def _assert_exactly_once(sessions, job_id: int, ids: list[int], engine) -> None:
     version = model_version(engine)
     expected = engine.extract(_texts())
+    assert sum(len(r.entities) for r in expected) >= DOCUMENTS, "compares entities, not empty lists"
     with sessions() as session:
         job = session.get(Job, job_id)
         assert (job.status, job.processed, job.failed, job.total) == ("completed", DOCUMENTS, 0, DOCUMENTS)
