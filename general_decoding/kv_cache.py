@@ -149,6 +149,15 @@ def keep_first(cache: Cache, length: int) -> None:
             layer.crop(-surplus)
 
 
+def release_after(cache: Cache, length: int) -> None:
+    """Drop every cached column after the first ``length`` and free their memory, in place (the
+    kept columns are copied, which a crop's view would not do): for a cache held on after a
+    decode grew it with columns nothing reads again."""
+    for layer in cache.layers:
+        if layer.get_seq_length() > length:
+            layer.keys, layer.values = layer.keys[..., :length, :].clone(), layer.values[..., :length, :].clone()
+
+
 def cache_bytes(cache: Cache) -> int:
     """Bytes held by the keys and values of ``cache`` (a reserved layer's spare columns included)."""
     return sum(layer.reserved_bytes() if isinstance(layer, ReservedLayer) else

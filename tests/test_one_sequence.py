@@ -96,10 +96,9 @@ def test_engine_one_sequence_equals_batched_at_batch_one(request, engine_fixture
         single = engine.extract([text], decoder="one_sequence")
         assert _spans(single) == _spans(batched)
         assert [e.score for e in single[0].entities] == pytest.approx([e.score for e in batched[0].entities], abs=1e-3)
-        if batched[0].entities and engine_fixture == "en_engine":
-            # the shipped model's branches: one sequence holds less than the default runner; not a
-            # rule (the tiny model's one sequence holds 526 columns against the runner's 346 on TEXTS[1])
-            assert single[0].stats.kv_cache_bytes < batched[0].stats.kv_cache_bytes
+        # one held sequence against a copy of the prefix per row; the repairs after it run as the
+        # default runner's (and the sequence's columns are freed before them)
+        assert single[0].stats.kv_cache_bytes <= batched[0].stats.kv_cache_bytes
     assert found, "compares entities, not empty lists"
 
 

@@ -26,6 +26,7 @@ import torch
 from general_decoding import Decoder, DraftVerifyDecoder, Generation, StopCriteria, TokenConstraint, choose, get_decoder, left_pad
 from general_decoding.constraints import admissible_draft, continued
 from general_decoding.copy_draft import copy_candidates
+from general_decoding.kv_cache import release_after
 from ner_service.engine.branch_forward import BranchForward, BranchRow, Node
 from ner_service.engine.chunking import Window
 from ner_service.engine.group_decoding import GroupInputs, batches, count_generation, decode_groups, empty_generation
@@ -95,7 +96,9 @@ class SharedPrefixRunner:
                 shared[position, list(continuations[row].columns)] = 1
             return GroupInputs(ids, torch.cat([shared, query_mask], dim=1), cache, [prefix.tokens[owners[r]] for r in rows])
 
+        encoded = prefix.cache.get_seq_length()
         merged = decode_groups(self.ner_model, decoder, groups, len(branches), stop, inputs, [prefix.cache], stats)
+        release_after(prefix.cache, encoded)  # a shared row grew by these branches, which no later branch sees
         count_generation(stats, merged)
         return merged
 
