@@ -2,7 +2,7 @@
 with the real ``padellm-ner train`` on the tiny model, then served by the real ``padellm-ner serve``
 and used from spaCy.
 
-A 2-layer model trained for a few seconds predicts few entities, so the tests hold to what is
+The tiny model trained for a few seconds on new labels predicts few of them, so the tests hold to what is
 certain: the model knows exactly the two new labels, every entity it returns has one of them and
 offsets that slice the text, and training lowered the loss on the corpus.
 """
