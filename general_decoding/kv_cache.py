@@ -134,6 +134,29 @@ def select_rows(cache: Cache, rows: torch.Tensor | list[int]) -> ReservedCache:
     return ReservedCache([ReservedLayer.gathered(layer.keys, layer.values, index.to(layer.keys.device)) for layer in cache.layers])
 
 
+def select_visible(cache: Cache, rows: list[int], visible: torch.Tensor) -> tuple[ReservedCache, torch.Tensor]:
+    """A new cache holding, for each ``rows[i]`` of ``cache``, only the columns ``visible[i]`` marks
+    (in order, left-padded to the widest), with room to decode after them, and the attention mask
+    of its columns: a row decoded on from a shared cache copies what it attends to, not the whole
+    row (the positions, counted over the mask, stay those of the whole row)."""
+    width = int(visible.sum(1).max())
+    index = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row_visible in enumerate(visible.bool()):
+        columns = row_visible.nonzero().squeeze(1)
+        index[i, width - len(columns):] = columns
+        mask[i, width - len(columns):] = 1
+    layers = []
+    for layer in cache.layers:
+        device = layer.keys.device
+        row_index, column_index = torch.as_tensor(rows, dtype=torch.long, device=device)[:, None], index.to(device)
+        # advanced indices around a slice put their [rows, width] first: back to [rows, heads, width, dim]
+        keys = layer.keys[row_index, :, column_index].permute(0, 2, 1, 3)
+        values = layer.values[row_index, :, column_index].permute(0, 2, 1, 3)
+        layers.append(ReservedLayer.gathered(keys, values, torch.arange(len(rows), device=device)))
+    return ReservedCache(layers), mask
+
+
 def keep_rows(cache: Cache, rows: torch.Tensor) -> None:
     """Keep only the batch rows ``rows`` (in that order), in place: drop rows that finished."""
     for layer in cache.layers:

@@ -11,7 +11,7 @@ from general_decoding import StopCriteria, UnknownDecoderError, get_decoder, lef
 from general_decoding.copy_draft import copy_candidates
 from general_decoding.constraints import BannedFirstToken, TokenBias, TokenTrie, TrieConstraint, admissible_draft, choose, continued
 from general_decoding.draft_verify import DraftLength
-from general_decoding.kv_cache import RESERVED_COLUMNS, cache_bytes, keep_first, keep_rows, select_rows
+from general_decoding.kv_cache import RESERVED_COLUMNS, cache_bytes, keep_first, keep_rows, select_rows, select_visible
 from general_decoding.tree_attention import (
     ancestor_mask, build_trie, chain_with_trie, collate_forest_rows, collate_parent_trees, pack_rows,
 )
@@ -84,6 +84,32 @@ def test_selecting_cache_rows_copies_the_shared_prefix(tiny_engine) -> None:
     assert branched.get_seq_length() == length
     assert cache_bytes(branched) == 3 * cache_bytes(cache) * (length + RESERVED_COLUMNS) // length  # room to decode into
     assert torch.equal(branched.layers[0].keys[2], cache.layers[0].keys[0])
+
+
+def test_a_row_decoded_over_the_columns_it_sees_answers_as_over_its_whole_row(tiny_engine) -> None:
+    from general_decoding.base import position_ids_from_mask
+
+    model = tiny_engine.ner_model.model
+    with torch.inference_mode():
+        cache = model(input_ids=_ids(tiny_engine, PROMPTS[0]), use_cache=True).past_key_values
+        length = cache.get_seq_length()
+        visible = torch.ones(2, length, dtype=torch.bool)
+        visible[0, 3:7] = False  # columns row 0 does not see (another branch's, say)
+        visible[1, -2:] = False
+        kept, seen = select_visible(cache, [0, 0], visible)
+        assert kept.get_seq_length() == length - 2  # the widest row's columns, the other left-padded
+        assert seen.tolist() == [[0, 0] + [1] * (length - 4), [1] * (length - 2)]
+        assert torch.equal(kept.layers[0].keys[0, :, 2:], cache.layers[0].keys[0][:, visible[0]])
+        whole = select_rows(cache, [0, 0])
+        assert cache_bytes(kept) < cache_bytes(whole)
+        ids = torch.tensor([[42], [42]])
+        answers = []
+        for rows_cache, mask in ((whole, visible.long()), (kept, seen)):
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+            answers.append(model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)[:, -1:],
+                                 cache=rows_cache, use_cache=True).logits)
+        torch.testing.assert_close(answers[1], answers[0])
+        assert not torch.allclose(answers[0][0], answers[0][1])  # the rows saw different columns
 
 
 def test_a_reserved_cache_decodes_in_place_as_a_dynamic_cache_does(tiny_engine) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from general_decoding.kv_cache import cache_bytes, select_rows
+from general_decoding.kv_cache import cache_bytes, select_rows, select_visible
 from general_decoding.tree_attention import ancestor_mask, build_trie, join_tries, pack_rows
 from ner_service.engine.group_decoding import GroupInputs
 from ner_service.engine.ner_model import NERModel
@@ -138,11 +138,12 @@ class BranchForward:
 
     def inputs(self, rows: list[int], last: dict[int, Node], next_token: dict[int, int], contexts: list[list[int]]) -> GroupInputs:
         """Decoder inputs of ``rows``: each feeds ``next_token[r]`` after its node ``last[r]``, over a
-        copy of that node's row of the cache, seeing the node's path (``contexts``: per row)."""
-        visible = torch.stack([self.allowed[last[r].row, last[r].index] for r in rows]).long()
-        mask = torch.cat([visible, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
-        return GroupInputs(torch.tensor([[next_token[r]] for r in rows]), mask, select_rows(self.cache, [last[r].row for r in rows]),
-                           contexts)
+        copy of the columns it sees of that node's row of the cache (its prefix and the node's
+        path; ``contexts``: per row)."""
+        visible = torch.stack([self.allowed[last[r].row, last[r].index] for r in rows])
+        cache, seen = select_visible(self.cache, [last[r].row for r in rows], visible)
+        mask = torch.cat([seen, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
+        return GroupInputs(torch.tensor([[next_token[r]] for r in rows]), mask, cache, contexts)
 
     def bytes(self) -> int:
         """KV-cache bytes held: the prefix cache and this forward's node rows."""
