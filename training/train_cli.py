@@ -63,7 +63,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
     from training.tiny_model import TinyConfig, train_tiny_model
 
     summary = train_tiny_model(TinyConfig(train=args.train, output=args.output, dev=args.dev, epochs=args.epochs,
-                                                 max_steps=args.max_steps, seed=args.seed))
+                                          max_steps=args.max_steps, seed=args.seed))
     print(json.dumps(summary["history"], indent=2))
     return 0
 
