@@ -41,7 +41,8 @@ def _engine(args: argparse.Namespace):
     from ner_service.engine import NEREngine
 
     return NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=_count_bias(args),
-                          repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned)
+                          repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned,
+                          document_consistency=args.document_consistency)
 
 
 def _count_bias(args: argparse.Namespace):
@@ -84,6 +85,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="PaDeLLM: keep a mention answered more often than the text holds it instead of re-asking it")
     parser.add_argument("--repair-unaligned", action=argparse.BooleanOptionalAction, default=None,
                         help="PaDeLLM: re-ask a mention that is not in the text, restricted to the text's spans (default: the model's)")
+    parser.add_argument("--document-consistency", action=argparse.BooleanOptionalAction, default=None,
+                        help="a name found in a text keeps one label throughout it and is tagged wherever it recurs (default: the model's)")
 
 
 def _labels(args: argparse.Namespace) -> list[str] | None:

@@ -1,5 +1,7 @@
-"""A paragraph or a document is tagged as its sentences are one by one: a model trained on
-single sentences (en-conll03) reads each sentence as a window of its own."""
+"""A paragraph or a document is read as its sentences are one by one: a model trained on single
+sentences (en-conll03) reads each sentence as a window of its own. (What the engine then does
+across a document's windows, ``document_consistency``, is tested in test_document_consistency.py:
+these tests read the windows without it.)"""
 
 from __future__ import annotations
 
@@ -8,28 +10,35 @@ from pathlib import Path
 import pytest
 
 from corpora import read_conll_documents, read_corpus
+from ner_service.engine import NEREngine
 from ner_service.engine.chunking import chunk_spans
 from training.document_windows import document_windows
 
 
-def test_a_conll_document_finds_what_its_sentences_find_alone(en_engine, data_dir: Path) -> None:
-    assert en_engine.ner_model.config.sentence_windows
+@pytest.fixture(scope="module")
+def window_engine(en_engine) -> NEREngine:
+    """The shipped English model's engine, each window's entities as they were found."""
+    return NEREngine(en_engine.ner_model, document_consistency=False)
+
+
+def test_a_conll_document_finds_what_its_sentences_find_alone(window_engine: NEREngine, data_dir: Path) -> None:
+    assert window_engine.ner_model.config.sentence_windows
     document = read_conll_documents(data_dir / "conll2003" / "dev.txt")[1]  # 15 lines of county cricket scores
     lines = document.text.split("\n")
-    alone = en_engine.extract(lines)
+    alone = window_engine.extract(lines)
     offsets = [sum(len(line) + 1 for line in lines[:i]) for i in range(len(lines))]
     expected = {(e.start + offset, e.end + offset, e.label) for offset, result in zip(offsets, alone) for e in result.entities}
-    (whole,) = en_engine.extract([document.text])
+    (whole,) = window_engine.extract([document.text])
     found = {(e.start, e.end, e.label) for e in whole.entities}
     # a line that holds two sentences ("Somerset 4 . Chester-le-Street : ...") is read as two windows
     assert len(expected) > 40 and len(found & expected) >= 0.9 * len(expected) and len(found) <= 1.1 * len(expected)
 
 
-def test_a_paragraph_of_full_sentences_counts_every_sentences_mentions(en_engine, data_dir: Path) -> None:
+def test_a_paragraph_of_full_sentences_counts_every_sentences_mentions(window_engine: NEREngine, data_dir: Path) -> None:
     sentences = [e.text for e in read_corpus(data_dir / "conll2003" / "dev.txt")[:40] if e.text.rstrip().endswith(".") and len(e.spans) >= 2][:5]
     paragraph = " ".join(sentences)
-    (whole,) = en_engine.extract([paragraph])
-    alone = sum(len(r.entities) for r in en_engine.extract(sentences))
+    (whole,) = window_engine.extract([paragraph])
+    alone = sum(len(r.entities) for r in window_engine.extract(sentences))
     assert len(sentences) == 5 and len(whole.entities) == alone
 
 

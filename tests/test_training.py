@@ -184,17 +184,18 @@ def test_document_windows_are_trained_on_and_the_window_budget_is_the_models(tmp
 def test_a_model_trained_further_keeps_its_decoding_choices_when_its_labels_are_the_runs(tmp_path: Path, tiny_engine) -> None:
     base = tmp_path / "tiny"
     shutil.copytree(tiny_engine.ner_model.path, base)
-    chosen = json.loads((base / "ner_model.json").read_text()) | {"count_bias": {"PER": 0.75}, "repair_unaligned": False}
+    chosen = json.loads((base / "ner_model.json").read_text()) | {"count_bias": {"PER": 0.75}, "repair_unaligned": False,
+                                                                          "document_consistency": True}
     (base / "ner_model.json").write_text(json.dumps(chosen))
     data = _jsonl(tmp_path / "train.jsonl", 4)
     run = TrainConfig(base=str(base), train=str(data), output=str(tmp_path / "same"), full=True, max_steps=1, batch_tokens=512,
                       labels=chosen["labels"])
     train(run)
     kept = json.loads((tmp_path / "same" / "ner_model.json").read_text())
-    assert (kept["count_bias"], kept["repair_unaligned"]) == ({"PER": 0.75}, False)
+    assert (kept["count_bias"], kept["repair_unaligned"], kept["document_consistency"]) == ({"PER": 0.75}, False, True)
     train(replace(run, output=str(tmp_path / "other"), labels=["LOC", "PER"]))
     fresh = json.loads((tmp_path / "other" / "ner_model.json").read_text())
-    assert (fresh["count_bias"], fresh["repair_unaligned"]) == (0.0, True)
+    assert (fresh["count_bias"], fresh["repair_unaligned"], fresh["document_consistency"]) == (0.0, True, False)
 
 
 def test_a_run_can_choose_its_count_bias_on_dev_as_calibrate_counts_would(tmp_path: Path, tiny_engine) -> None:

@@ -104,16 +104,18 @@ def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTok
 
 
 def decoding_choices(model: str, labels: list[str]) -> dict:
-    """The decoding settings chosen on dev for the NER model a run trains further (its count bias
-    and mention repair), when it has the run's labels: the trained model keeps them until they
-    are chosen again (``padellm-ner calibrate-counts``). Nothing for a plain causal LM."""
+    """The decoding settings chosen on dev for the NER model a run trains further (its count bias,
+    mention repair and document consistency), when it has the run's labels: the trained model
+    keeps them until they are chosen again (``padellm-ner calibrate-counts``). Nothing for a plain
+    causal LM."""
     try:
         chosen = NERModelConfig.read(resolve_ner_model(model))
     except ModelNotFoundError:
         return {}
     if chosen.labels != labels:
         return {}
-    return {"count_bias": chosen.count_bias, "repair_unaligned": chosen.repair_unaligned}
+    return {"count_bias": chosen.count_bias, "repair_unaligned": chosen.repair_unaligned,
+            "document_consistency": chosen.document_consistency}
 
 
 def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig,

@@ -22,7 +22,7 @@ from ner_service.api.core.proxies import TrustedProxies
 from ner_service.api.core.security import ApiKeys, Guard, RateLimiter
 from ner_service.api.routes import entities, health, models, page
 from ner_service.api.state import ApiState, AuthenticatedRoute
-from ner_service.engine import EnginePool, ExtractOptions, Extraction
+from ner_service.engine import EnginePool, Entity, ExtractOptions, Extraction
 from ner_service.settings import Settings, get_settings
 
 logger = logging.getLogger(__name__)
@@ -66,14 +66,17 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
     def load(options: ExtractOptions) -> None:
         pool.ner_model(options.model)
 
+    def text_entities(options: ExtractOptions, text: str, found: list[Entity]) -> list[Entity]:
+        return pool.engine(options.model).text_entities(text, found)
+
     rate = ServiceRate.fixed(settings.ner_fixed_ms_per_token) if settings.ner_fixed_ms_per_token > 0 \
         else ServiceRate(settings.ner_prior_ms_per_token)
     metrics.seconds_per_token.set_function(lambda: rate.seconds_per_token)
     admission = Admission(rate, settings.ner_request_timeout_s * settings.ner_admission_fraction,
                           settings.ner_max_request_tokens, settings.ner_queue_max)
     batcher = MicroBatcher(
-        run, metrics, admission, prepare=load, enabled=settings.ner_microbatch, wait_ms=settings.ner_batch_wait_ms,
-        wait_fraction=settings.ner_batch_wait_fraction, wait_max_ms=settings.ner_batch_wait_max_ms,
+        run, metrics, admission, prepare=load, text_entities=text_entities, enabled=settings.ner_microbatch,
+        wait_ms=settings.ner_batch_wait_ms, wait_fraction=settings.ner_batch_wait_fraction, wait_max_ms=settings.ner_batch_wait_max_ms,
         max_texts=settings.ner_batch_max_texts, piece_tokens=settings.ner_piece_tokens,
         long_text_tokens=settings.ner_long_text_tokens, split_tokens=settings.ner_batch_split_tokens,
     )

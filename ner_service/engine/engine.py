@@ -4,7 +4,8 @@ The path of a batch of texts: long texts are cut into windows (:mod:`.chunking`)
 strategy (:mod:`.strategies`: ``padellm``, ``ar``, ``fast_dllm``) asks the model for every
 window's mentions, its answers' tokens produced by a :mod:`general_decoding` decoder; the
 mentions are mapped to character offsets, and a span predicted under two labels keeps the
-more probable label (:mod:`.spans`).
+more probable label (:mod:`.spans`); where the model says so, a name found in a text keeps one
+label throughout it and is tagged wherever it recurs (:mod:`.document_consistency`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from general_decoding import Decoder, get_decoder
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window, windows_of
 from ner_service.engine.count_bias import CountBias, CountBiasSetting
+from ner_service.engine.document_consistency import consistent_entities
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
 from ner_service.engine.options import ExtractOptions
 from ner_service.engine.results import Extraction, ExtractionStats
@@ -44,12 +46,13 @@ class NEREngine:
     def __init__(self, ner_model: NERModel, max_window_tokens: int | None = None, max_batch_texts: int = 16,
                  count_bias: CountBiasSetting | CountBias | None = None,
                  repair_duplicates: bool = True, repair_unaligned: bool | None = None,
-                 speculated_counts: tuple[int, ...] | None = None,
+                 speculated_counts: tuple[int, ...] | None = None, document_consistency: bool | None = None,
                  diffusion_sampler: "BlockDiffusionSampler | None" = None) -> None:
-        """``max_window_tokens``, ``count_bias`` and ``repair_unaligned`` default to the model's
-        (``ner_model.json``: ``window_tokens``, else :data:`MAX_WINDOW_TOKENS`),
-        ``speculated_counts`` to the device's (:data:`SPECULATED_COUNTS`); see
-        :class:`StrategyOptions` for what each setting does."""
+        """``max_window_tokens``, ``count_bias``, ``repair_unaligned`` and ``document_consistency``
+        default to the model's (``ner_model.json``: ``window_tokens``, else
+        :data:`MAX_WINDOW_TOKENS`), ``speculated_counts`` to the device's
+        (:data:`SPECULATED_COUNTS`); see :class:`StrategyOptions` for what each strategy setting
+        does, :mod:`.document_consistency` for the last."""
         self.ner_model = ner_model
         self.max_window_tokens = max_window_tokens or ner_model.config.window_tokens or MAX_WINDOW_TOKENS
         self.max_batch_texts = max_batch_texts
@@ -57,6 +60,7 @@ class NEREngine:
         self.repair_duplicates = repair_duplicates
         self.repair_unaligned = ner_model.config.repair_unaligned if repair_unaligned is None else repair_unaligned
         self.speculated_counts = SPECULATED_COUNTS.get(ner_model.device.type, ()) if speculated_counts is None else tuple(speculated_counts)
+        self.document_consistency = ner_model.config.document_consistency if document_consistency is None else document_consistency
         self.diffusion_sampler = diffusion_sampler
 
     @classmethod
@@ -145,4 +149,10 @@ class NEREngine:
                 Entity(e.start + window.offset, e.end + window.offset, e.text, e.label, e.score) for e in entities
             )
         stats.latency_ms = (time.perf_counter() - began) * 1000
-        return [Extraction(text, resolve_overlaps(found), stats) for text, found in zip(texts, per_text)]
+        return [Extraction(text, self.text_entities(text, found), stats) for text, found in zip(texts, per_text)]
+
+    def text_entities(self, text: str, found: list[Entity]) -> list[Entity]:
+        """A text's entities from those found in its windows (or in the pieces the API cut it
+        into), offsets in ``text``: flat, and consistent where the model says so."""
+        entities = resolve_overlaps(found)
+        return consistent_entities(text, entities) if self.document_consistency else entities

@@ -48,6 +48,7 @@ class NERModelConfig:
     repair_unaligned: bool = True  # PaDeLLM: re-ask a mention not in the text, restricted to its spans
     sentence_windows: bool = False  # read each sentence as a window of its own (trained on single sentences)
     window_tokens: int | None = None  # the longest window read, in text tokens (None: the engine's); chosen on dev
+    document_consistency: bool = False  # a name keeps one label in a text and is tagged wherever it recurs (document_consistency.py)
     mask_token: str | None = None  # set by `train-diffusion`: the mask token of a masked-diffusion model
     diffusion_shift: bool = False  # a diffusion model adapted from an AR LM reads token i from column i - 1
     diffusion_causal_prompt: bool = False  # ... and keeps its prompt causal (only the answer is bidirectional)

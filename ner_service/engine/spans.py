@@ -35,18 +35,29 @@ def _is_word_char(char: str) -> bool:
 
 def occurrences(text: str, mention: str) -> list[int]:
     """Start offsets of ``mention`` in ``text``; word-boundary matches come first."""
+    starts = _starts(text, mention)
+    whole = [s for s in starts if _whole_word(text, s, s + len(mention))]
+    return whole + [s for s in starts if not _whole_word(text, s, s + len(mention))]
+
+
+def whole_word_occurrences(text: str, mention: str) -> list[int]:
+    """Start offsets of ``mention`` in ``text`` where it is not part of a longer word."""
+    return [s for s in _starts(text, mention) if _whole_word(text, s, s + len(mention))]
+
+
+def _starts(text: str, mention: str) -> list[int]:
     starts, position = [], text.find(mention)
     while position >= 0:
         starts.append(position)
         position = text.find(mention, position + 1)
+    return starts
 
-    def clean(start: int) -> bool:
-        end = start + len(mention)
-        left_ok = start == 0 or not (_is_word_char(text[start - 1]) and _is_word_char(mention[0]))
-        right_ok = end == len(text) or not (_is_word_char(text[end]) and _is_word_char(mention[-1]))
-        return left_ok and right_ok
 
-    return [s for s in starts if clean(s)] + [s for s in starts if not clean(s)]
+def _whole_word(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` neither continues the word before it nor the word after it."""
+    left_ok = start == 0 or not (_is_word_char(text[start - 1]) and _is_word_char(text[start]))
+    right_ok = end == len(text) or not (_is_word_char(text[end]) and _is_word_char(text[end - 1]))
+    return left_ok and right_ok
 
 
 def align_mentions(text: str, mentions: list[Mention]) -> tuple[list[Entity], int]:

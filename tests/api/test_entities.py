@@ -7,7 +7,10 @@ from fastapi.testclient import TestClient
 
 from ner_service.engine import DEFAULT_DECODER, NEREngine, NERModelConfig, shipped_model_names
 from ner_service.engine.ner_model import resolve_ner_model
+from corpora import read_conll_documents
+from ner_service.api.core.work import pieces_of
 from tests.api.conftest import TINY
+from tests.entity_lists import as_entities, assert_same_entities
 from tests.conftest import SHIPPED_DIFFUSION, SHIPPED_EN
 
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "BRUSSELS 1996-08-22"]
@@ -125,6 +128,20 @@ def test_a_real_entity_with_the_english_model(make_client) -> None:
     assert response.status_code == 200, response.text
     found = {(e["text"], e["label"]) for e in response.json()["results"][0]["entities"]}
     assert ("Angela Merkel", "PER") in found and ("Paris", "LOC") in found
+
+
+@pytest.mark.slow
+def test_a_document_cut_into_pieces_gets_the_entities_the_engine_gives_it_whole(make_client, en_engine, data_dir) -> None:
+    """The API cuts a long text into pieces that batch apart; put back together, a name keeps one
+    label across them as the engine keeps it across a text's windows (document_consistency)."""
+    document = next(d for d in read_conll_documents(data_dir / "conll2003" / "dev.txt") if "BARATELLI TO COACH NICE" in d.text)
+    client = make_client(ner_request_timeout_s=300.0, ner_long_text_tokens=64, ner_piece_tokens=64)
+    response = client.post("/v1/entities", json={"text": document.text, "model": "en-conll03"})
+    assert response.status_code == 200, response.text
+    assert len(pieces_of([document.text], 64, 64)) > 1
+    (whole,) = en_engine.extract([document.text])
+    assert_same_entities([as_entities(response.json()["results"][0]["entities"])], [whole.entities])
+    assert {e.label for e in whole.entities if e.text == "Nice"} == {"ORG"}
 
 
 @pytest.mark.slow

@@ -35,10 +35,13 @@ from ner_service.api.core.admission import Admission, Overloaded
 from ner_service.api.core.metrics import Metrics
 from ner_service.api.core.work import Piece, merged, pieces_of
 from ner_service.engine import ExtractOptions, Extraction
+from ner_service.engine.spans import Entity, resolve_overlaps
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Runner = Callable[[ExtractOptions, list[str]], list[Extraction]]
+#: A text's entities from those of its pieces (``NEREngine.text_entities`` of the options' model).
+TextEntities = Callable[[ExtractOptions, str, list[Entity]], list[Entity]]
 #: What the engine is measured on when nothing else would measure it (:meth:`MicroBatcher._calibrate`).
 CALIBRATION_TEXT = "Angela Merkel met Emmanuel Macron in Paris on Monday , and the two spoke to reporters ."
 CALIBRATION_CALLER = "(calibration)"
@@ -58,12 +61,13 @@ class _Request:
     def tokens(self) -> int:
         return sum(piece.units for piece in self.pieces)
 
-    def answer(self) -> list[Extraction]:
+    def answer(self, text_entities: TextEntities) -> list[Extraction]:
         """Every text's extraction, from its pieces' answers."""
         parts: dict[int, list[tuple[Piece, Extraction]]] = {}
         for index, piece in enumerate(self.pieces):
             parts.setdefault(piece.text_index, []).append((piece, self.answers[index]))
-        return [merged(text, parts[index]) for index, text in enumerate(self.texts)]
+        return [merged(text, parts[index], lambda whole, found: text_entities(self.options, whole, found))
+                for index, text in enumerate(self.texts)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,9 +88,11 @@ class MicroBatcher:
 
     def __init__(self, run: Runner, metrics: Metrics, admission: Admission, *, enabled: bool, wait_ms: float, max_texts: int,
                  wait_fraction: float = 0.0, wait_max_ms: float = 0.0, piece_tokens: int = 64, long_text_tokens: int = 160,
-                 split_tokens: int = 64, prepare: Callable[[ExtractOptions], object] | None = None) -> None:
+                 split_tokens: int = 64, prepare: Callable[[ExtractOptions], object] | None = None,
+                 text_entities: TextEntities | None = None) -> None:
         self._run = run
         self._prepare = prepare  # run in the engine thread before a batch, untimed (loading its model)
+        self._text_entities = text_entities or (lambda options, text, found: resolve_overlaps(found))
         self._metrics = metrics
         self.admission = admission
         self.enabled = enabled
@@ -268,7 +274,7 @@ class MicroBatcher:
                 request = queued.request
                 request.answers[queued.index] = result
                 if len(request.answers) == len(request.pieces) and not request.future.done():
-                    request.future.set_result(request.answer())
+                    request.future.set_result(request.answer(self._text_entities))
         except Exception as error:  # delivered to the waiting requests, which map it to a response
             for queued in batch:
                 if not queued.request.future.done():

@@ -12,9 +12,10 @@ engine for long.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ner_service.engine import Extraction
+from ner_service.engine import Entity, Extraction
 from ner_service.engine.chunking import Window, chunk_spans
 from ner_service.engine.results import ExtractionStats
 
@@ -65,10 +66,13 @@ def pieces_of(texts: list[str], piece_tokens: int, long_text_tokens: int) -> lis
     return pieces
 
 
-def merged(text: str, parts: list[tuple[Piece, Extraction]]) -> Extraction:
-    """One text's extraction from its pieces' (a whole text's is returned as it is)."""
+def merged(text: str, parts: list[tuple[Piece, Extraction]], text_entities: Callable[[str, list[Entity]], list[Entity]]) -> Extraction:
+    """One text's extraction from its pieces' (a whole text's is returned as it is): their
+    entities moved to their place in ``text``, then made the text's by ``text_entities`` (the
+    engine's :meth:`~ner_service.engine.NEREngine.text_entities`, which keeps a name's label one
+    across the pieces where the model says so)."""
     if len(parts) == 1 and not parts[0][0].split:
         return parts[0][1]
     entities = [replace(e, start=e.start + piece.offset, end=e.end + piece.offset) for piece, part in parts for e in part.entities]
     stats = ExtractionStats.combined([part.stats for _, part in parts])
-    return Extraction(text, sorted(entities, key=lambda e: (e.start, e.end)), stats)
+    return Extraction(text, text_entities(text, entities), stats)
