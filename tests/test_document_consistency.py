@@ -59,6 +59,12 @@ def test_an_occurrence_inside_a_word_or_another_entity_is_left_alone() -> None:
         ("Paris Saint-Germain", 0, "ORG"), ("Paris", _at(text, "Paris", 1), "LOC"), ("Paris", _at(text, "Paris", 3), "LOC")]
 
 
+def test_a_single_character_is_not_tagged_where_it_recurs() -> None:
+    text = "A spokesman for Z said A deal with Z is near ."
+    found = [_entity(text, "Z", "ORG", 0.9), _entity(text, "A", "PER", 0.6)]
+    assert consistent_entities(text, found) == sorted(found, key=lambda e: e.start)
+
+
 def test_names_found_once_are_left_as_they_are() -> None:
     text = "Angela Merkel met Emmanuel Macron in Paris ."
     found = [_entity(text, "Angela Merkel", "PER", 0.9), _entity(text, "Emmanuel Macron", "PER", 0.8), _entity(text, "Paris", "LOC", 0.7)]

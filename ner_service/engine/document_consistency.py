@@ -7,7 +7,9 @@ to each text's entities once its windows are put together:
 
 * a name (its exact surface form) given different labels takes, at every place, the label it was
   given most often; a tie keeps each place's own;
-* every other whole-word occurrence of a found name that no entity covers gets that label.
+* every other whole-word occurrence of a found name that no entity covers gets that label, unless
+  the name is a single character (an initial, or "A" at the start of a sentence, is too often no
+  name at all).
 
 A model says whether its engine applies it (``document_consistency`` in ``ner_model.json``,
 chosen on dev: the English model's card has what it changes there). In text without spaces
@@ -21,6 +23,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 
 from ner_service.engine.spans import Entity, whole_word_occurrences
+
+#: The shortest name whose other occurrences are tagged.
+MIN_TAGGED_NAME = 2
 
 
 @dataclass
@@ -56,6 +61,8 @@ def consistent_entities(text: str, entities: list[Entity]) -> list[Entity]:
         kept.append(entity if label == entity.label else replace(entity, label=label, score=votes[entity.text].scores[label]))
     taken = [(entity.start, entity.end) for entity in kept]
     for name, given in votes.items():
+        if len(name) < MIN_TAGGED_NAME:
+            continue
         for start in whole_word_occurrences(text, name):
             end = start + len(name)
             if all(end <= other_start or start >= other_end for other_start, other_end in taken):
