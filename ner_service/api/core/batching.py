@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from ner_service.api.core.admission import Admission, Overloaded
@@ -66,8 +67,7 @@ class _Request:
         parts: dict[int, list[tuple[Piece, Extraction]]] = {}
         for index, piece in enumerate(self.pieces):
             parts.setdefault(piece.text_index, []).append((piece, self.answers[index]))
-        return [merged(text, parts[index], lambda whole, found: text_entities(self.options, whole, found))
-                for index, text in enumerate(self.texts)]
+        return [merged(text, parts[index], partial(text_entities, self.options)) for index, text in enumerate(self.texts)]
 
 
 @dataclass(frozen=True, eq=False)
