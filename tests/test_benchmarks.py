@@ -200,10 +200,10 @@ def test_lud_curve_without_a_run_says_which_command_writes_one(tmp_path: Path) -
 def test_training_speed_measures_the_arms_and_draws_the_curve(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "training_speed.json"
     report = _report(_run("training_speed.py", "--base", str(TINY), "--data", str(data_dir), "--limit", "8", "--steps", "1",
-                          "--bf16-steps", "0", "--compile-budget", "0", "--threads", "", "--minutes", "0.02", "--eval-limit", "4",
+                          "--bf16-steps", "1", "--compile-budget", "0", "--threads", "", "--minutes", "0.02", "--eval-limit", "4",
                           "--json", str(out)), out)
     arms = {row["arm"]: row for row in report["throughput"]}
-    for name in ("baseline", "default", "mixed"):
+    for name in ("baseline", "default", "mixed", "bfloat16"):  # one step each where the CPU emulates bfloat16
         assert arms[name]["status"] == "ok" and arms[name]["tokens_per_s"] > 0
     below_top = json.loads((TINY / "config.json").read_text())["num_hidden_layers"] - 1  # the recipe's 15, clamped
     assert arms["default"]["top_layers"] == below_top and arms["default"]["one_off_s"] > 0
