@@ -242,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if argv is None and getattr(args, "under_jemalloc", False):  # a training command started from a shell, not a call from Python
+        from training.allocator import run_under_jemalloc
+
+        run_under_jemalloc()
     from ner_service.engine.model_loading import ModelNotFoundError
 
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "padellm_ner.cli", *args], capture_output=True, text=True, timeout=300)
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "padellm_ner.cli", *args], capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_extract_prints_json() -> None:
@@ -80,6 +81,22 @@ def test_bad_training_data_stops_before_training_with_file_line_and_reason(tmp_p
         assert done.stderr.strip().splitlines() == [f"padellm-ner: error: {done.stderr.split('error: ', 1)[1].strip()}"]
         assert message in done.stderr and "Traceback" not in done.stderr
         assert not output.exists()  # nothing trained, nothing written
+
+
+def test_training_runs_under_jemalloc_unless_told_otherwise(tmp_path: Path) -> None:
+    from training.allocator import CHOICE_VARIABLE, STARTED_VARIABLE, jemalloc_library
+
+    if jemalloc_library() is None:
+        pytest.skip("jemalloc is not installed (Debian: libjemalloc2)")
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"text": "Peter met Anna", "entities": [{"start": 0, "end": 5, "label": "PER"}]}) + "\n")
+    for choice, allocator in ((None, "jemalloc"), ("system", "system")):
+        environment = {k: v for k, v in os.environ.items() if k not in (CHOICE_VARIABLE, STARTED_VARIABLE, "LD_PRELOAD")}
+        output = tmp_path / allocator
+        done = run("train", "--train", str(data), "--output", str(output), "--base", TINY_BASE, "--max-steps", "1",
+                   env=environment | ({CHOICE_VARIABLE: choice} if choice else {}))
+        assert done.returncode == 0, done.stderr
+        assert json.loads((output / "training.json").read_text())["allocator"] == allocator
 
 
 def test_train_help_documents_the_data_formats_with_examples_that_read(tmp_path: Path) -> None:

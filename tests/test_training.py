@@ -181,7 +181,7 @@ def test_document_windows_are_trained_on_and_the_window_budget_is_the_models(tmp
     assert saved["window_tokens"] == 6 and saved["sentence_windows"]  # the sentences decide how the model reads
 
 
-def test_a_model_trained_further_keeps_its_decoding_choices_when_its_labels_are_the_runs(tmp_path: Path, tiny_engine) -> None:
+def test_a_model_trained_further_keeps_its_decoding_choices_unless_the_run_sets_them(tmp_path: Path, tiny_engine) -> None:
     base = tmp_path / "tiny"
     shutil.copytree(tiny_engine.ner_model.path, base)
     chosen = json.loads((base / "ner_model.json").read_text()) | {"count_bias": {"PER": 0.75}, "repair_unaligned": False,
@@ -196,6 +196,10 @@ def test_a_model_trained_further_keeps_its_decoding_choices_when_its_labels_are_
     train(replace(run, output=str(tmp_path / "other"), labels=["LOC", "PER"]))
     fresh = json.loads((tmp_path / "other" / "ner_model.json").read_text())
     assert (fresh["count_bias"], fresh["repair_unaligned"], fresh["document_consistency"]) == (0.0, True, False)
+    train(replace(run, output=str(tmp_path / "own"), labels=["LOC", "PER"], document_consistency=True))  # the run's own choice wins
+    assert json.loads((tmp_path / "own" / "ner_model.json").read_text())["document_consistency"] is True
+    train(replace(run, output=str(tmp_path / "off"), document_consistency=False))
+    assert json.loads((tmp_path / "off" / "ner_model.json").read_text())["document_consistency"] is False
 
 
 def test_a_run_can_choose_its_count_bias_on_dev_as_calibrate_counts_would(tmp_path: Path, tiny_engine) -> None:

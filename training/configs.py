@@ -75,6 +75,9 @@ class TrainConfig:
     #: After training, choose each label's PaDeLLM count bias on the whole ``dev`` file
     #: (:mod:`training.count_calibration`) and write it in ``ner_model.json``.
     calibrate_counts: bool = False
+    #: Whether the engine keeps a name's label throughout a text (``document_consistency`` in
+    #: ``ner_model.json``); None: as the model this run trains further has it, else off.
+    document_consistency: bool | None = None
 
 
 @dataclass

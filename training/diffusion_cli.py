@@ -65,4 +65,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--device", default=defaults.device)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
-    parser.set_defaults(func=cmd_train_diffusion)
+    parser.set_defaults(func=cmd_train_diffusion, under_jemalloc=True)

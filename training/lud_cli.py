@@ -56,4 +56,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint, exactly")
     parser.add_argument("--device", default=defaults.device)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.set_defaults(func=cmd_train_lud)
+    parser.set_defaults(func=cmd_train_lud, under_jemalloc=True)

@@ -157,7 +157,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "where the model counts too few mentions)")
     trainer.add_argument("--checkpoint-minutes", type=float, default=10.0, help="minutes between checkpoints (default: %(default)s)")
     trainer.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint, exactly")
-    trainer.set_defaults(func=lambda args: cmd_train(args, trainer))
+    trainer.set_defaults(func=lambda args: cmd_train(args, trainer), under_jemalloc=True)  # training.allocator
 
     tiny = sub.add_parser("train-tiny", help="train the tiny from-scratch Llama used by fast tests")
     tiny.add_argument("--train", required=True)

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from general_decoding.kept_vocabulary import KeptVocabulary
+from training.allocator import current_allocator
 from training.loop import LoopSettings, run_loop
 from training.loss import answer_loss, inner_model
 from training.precision import resolve_precision
@@ -96,10 +97,13 @@ def continued_adapter(model: torch.nn.Module, init_adapter: str, run: AdapterSha
 
 
 def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTokenizerBase, sentence_windows: bool) -> NERModelConfig:
+    choices = decoding_choices(config.init_adapter or config.base, labels)
+    if config.document_consistency is not None:
+        choices["document_consistency"] = config.document_consistency
     return NERModelConfig(
         name=config.name, labels=labels, base=SELF_CONTAINED if config.full else config.base, language=config.language,
         eos_token=tokenizer.eos_token, label_names=dict(config.label_names), sentence_windows=sentence_windows,
-        window_tokens=config.window_tokens, **decoding_choices(config.init_adapter or config.base, labels),
+        window_tokens=config.window_tokens, **choices,
     )
 
 
@@ -211,7 +215,7 @@ def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, confi
     ner_config.write(output)
     summary = {"config": asdict(config), "steps": state["step"], "tokens": state["tokens"], "train_seconds": round(state["seconds"], 1),
                "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1), "history": state["history"],
-               "count_bias": ner_config.count_bias, "count_calibration": count_calibration}
+               "count_bias": ner_config.count_bias, "count_calibration": count_calibration, "allocator": current_allocator()}
     (output / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (output / "README.md").write_text(model_card(config, ner_config.labels, summary), encoding="utf-8")  # in place of peft's empty template
     return summary
