@@ -52,7 +52,7 @@ def run_under_jemalloc() -> None:
     library = jemalloc_library()
     if library is None:
         log.info("jemalloc is not installed (Debian: libjemalloc2): training runs under the system allocator, "
-                    "whose memory can grow with every step")
+                 "whose memory can grow with every step")
         return
     preload = " ".join(filter(None, [str(library), os.environ.get("LD_PRELOAD", "")]))
     environment = dict(os.environ, LD_PRELOAD=preload, MALLOC_CONF=JEMALLOC_SETTINGS, **{STARTED_VARIABLE: "1"})
