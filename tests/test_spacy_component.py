@@ -143,7 +143,6 @@ def test_labels_and_strategy_options_take_effect(en_engine: NEREngine, strategy:
 
 
 @pytest.mark.slow
-@needs_en
 def test_the_lexical_unit_model_runs_in_the_pipe_with_the_entities_of_its_base() -> None:
     nlp = spacy.blank("en")
     nlp.add_pipe(FACTORY, config={"model": "en-conll03-lud", "strategy": "ar", "decoder": "lud"})
