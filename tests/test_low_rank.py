@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from ner_service.engine import NEREngine
 from ner_service.engine.ner_model import load_base
 from training.configs import LowRankConfig
 from training.low_rank import LayerChange, changed_norms, choose_ranks, store_low_rank
-from training.trainer import TrainConfig, train
+from training.trainer import AdapterShape, TrainConfig, train
 from tests.entity_lists import assert_same_entities
 
 TEXTS = ["Peter met Anna in Paris", "Anna flew from Berlin to Rome with Peter", "Nothing here"]
@@ -66,6 +67,32 @@ def test_a_small_budget_keeps_the_largest_part_of_the_change_within_it(tuned: Pa
     assert summary["dev"] is None
     answers = NEREngine.load(tuned / "small").extract(TEXTS)  # a model that loads and answers, if worse
     assert len(answers) == len(TEXTS) and all(a.stats.forward_passes > 0 for a in answers)
+
+
+def test_a_stored_adapter_trains_further_with_each_layer_keeping_its_rank(tuned: Path, tiny_engine) -> None:
+    """A recipe's stage after ``low_rank``: the stored adapter, trained as a LoRA, relearns within
+    its budget what the truncation lost; the run's own LoRA rank does not apply to it."""
+    base = str(tiny_engine.ner_model.path)
+    store_low_rank(LowRankConfig(model=str(tuned / "model"), base=base, output=str(tuned / "stored"), max_megabytes=0.03))
+    further = TrainConfig(base=base, train=str(tuned / "train.jsonl"), output=str(tuned / "further"), init_adapter=str(tuned / "stored"),
+                          lora_r=8, top_layers=1, lr=3e-3, warmup_steps=1, max_steps=2, batch_tokens=512, eval_limit=None, kept_vocabulary=True)
+    train(further)
+
+    stored, trained = (load_file(tuned / name / "adapter_model.safetensors") for name in ("stored", "further"))
+    assert trained.keys() == stored.keys() and all(trained[k].shape == stored[k].shape for k in stored), "a layer's rank changed"
+    assert any(not torch.equal(trained[k], stored[k]) for k in stored if "lora_" in k), "the factors did not train"
+    ranks = [json.loads((tuned / name / "adapter_config.json").read_text())["rank_pattern"] for name in ("stored", "further")]
+    assert ranks[0] and ranks[0] == ranks[1]
+    assert f"the LoRA adapter of `{tuned / 'stored'}` trained further" in (tuned / "further" / "README.md").read_text()
+    answers = NEREngine.load(tuned / "further").extract(TEXTS)
+    assert len(answers) == len(TEXTS) and all(a.stats.forward_passes > 0 for a in answers)
+
+    shape = AdapterShape.of_adapter(tuned / "stored")
+    top = tiny_engine.ner_model.model.config.num_hidden_layers - 1
+    assert (shape.rank, shape.layers) == (None, [top])
+    assert shape.mismatches(AdapterShape(base, 8, 16, [top])) == []
+    assert shape.mismatches(AdapterShape(base, 8, 16, [0])) == [f"layers [{top}] where the run trains only [0]"]
+    assert shape.mismatches(AdapterShape("gemma3-270m", 8, 16, None)) == [f"base {base} where the run has gemma3-270m"]
 
 
 def test_ranks_go_where_a_stored_weight_keeps_the_most() -> None:

@@ -64,7 +64,8 @@ class TrainConfig:
     #: (saved as ``kept_vocabulary.json``): Gemma 3's 262k-token head is most of a step otherwise.
     kept_vocabulary: bool = False
     #: Start the LoRA from this NER model's adapter (a shipped name or a folder) instead of zeros,
-    #: to train a model further: its rank and layers must be the run's.
+    #: to train a model further: its rank and layers must be the run's (an adapter that ``low_rank``
+    #: stored keeps its rank per layer, which must lie in the layers the run trains).
     init_adapter: str | None = None
     #: The longest window the model reads, in text tokens (``window_tokens`` in ``ner_model.json``;
     #: None: the engine's); document windows are cut to it.

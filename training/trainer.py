@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -73,24 +74,51 @@ class AdapterShape:
     """What a LoRA adapter must share with a run that trains it further."""
 
     base: str
-    rank: int
-    alpha: int
+    rank: int | None  # None: a rank per layer (an adapter stored by ``low_rank``), which the run keeps
+    alpha: int | None
     layers: list[int] | None  # None: every layer
 
     #: how an error message names each field
     NAMES = {"base": "base", "rank": "LoRA rank", "alpha": "LoRA alpha", "layers": "layers"}
 
+    @classmethod
+    def of_adapter(cls, folder: Path) -> AdapterShape:
+        """The shape of the adapter in the NER model ``folder``."""
+        from peft import PeftConfig
+
+        adapter = PeftConfig.from_pretrained(str(folder))
+        base = NERModelConfig.read(folder).base
+        if adapter.rank_pattern:
+            return cls(base, None, None, _adapted_layers(adapter.target_modules))
+        return cls(base, adapter.r, adapter.lora_alpha, adapter.layers_to_transform)
+
+    def mismatches(self, run: AdapterShape) -> list[str]:
+        """Where ``run`` does not fit this adapter: a rank per layer is kept whatever the run's
+        rank, but its layers must be among those the run trains."""
+        if self.rank is not None:
+            return [f"{self.NAMES[f.name]} {getattr(self, f.name)} where the run has {getattr(run, f.name)}"
+                    for f in fields(self) if getattr(self, f.name) != getattr(run, f.name)]
+        wrong = [f"base {self.base} where the run has {run.base}"] if self.base != run.base else []
+        if self.layers is not None and run.layers is not None and not set(self.layers) <= set(run.layers):
+            wrong.append(f"layers {self.layers} where the run trains only {run.layers}")
+        return wrong
+
+
+def _adapted_layers(target_modules: object) -> list[int] | None:
+    """The decoder layers that an adapter's modules, named in full, lie in (None: not named so)."""
+    if not isinstance(target_modules, (list, set, tuple)):
+        return None
+    found = [re.search(r"\.layers\.(\d+)\.", name) for name in target_modules]
+    return None if not all(found) else sorted({int(match.group(1)) for match in found})
+
 
 def continued_adapter(model: torch.nn.Module, init_adapter: str, run: AdapterShape) -> torch.nn.Module:
     """``model`` with the adapter of the NER model ``init_adapter``, trainable: a model trained
-    further stays one adapter on its base, whose shape must be the ``run``'s."""
-    from peft import PeftConfig, PeftModel
+    further stays one adapter on its base, whose shape must fit the ``run``'s."""
+    from peft import PeftModel
 
     folder = resolve_ner_model(init_adapter)
-    adapter = PeftConfig.from_pretrained(str(folder))
-    theirs = AdapterShape(NERModelConfig.read(folder).base, adapter.r, adapter.lora_alpha, adapter.layers_to_transform)
-    mismatches = [f"{AdapterShape.NAMES[f.name]} {getattr(theirs, f.name)} where the run has {getattr(run, f.name)}"
-                  for f in fields(AdapterShape) if getattr(theirs, f.name) != getattr(run, f.name)]
+    mismatches = AdapterShape.of_adapter(folder).mismatches(run)
     if mismatches:
         raise ValueError(f"--init-adapter {init_adapter}: its adapter has " + "; ".join(mismatches))
     return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
@@ -236,7 +264,12 @@ def save_adapter(model: torch.nn.Module, base: str, output: Path) -> None:
 def model_card(config: TrainConfig, labels: list[str], summary: dict) -> str:
     """A short ``README.md`` of a trained folder: what it is, how to use it, how it was trained
     (the settings that differ from :class:`TrainConfig`'s defaults) and its dev scores."""
-    kind = f"full fine-tuning of `{config.base}`" if config.full else f"a LoRA adapter (r={config.lora_r}) over `{config.base}`"
+    if config.full:
+        kind = f"full fine-tuning of `{config.base}`"
+    elif config.init_adapter:
+        kind = f"the LoRA adapter of `{config.init_adapter}` trained further, over `{config.base}`"
+    else:
+        kind = f"a LoRA adapter (r={config.lora_r}) over `{config.base}`"
     defaults = asdict(TrainConfig(base="", train="", output=""))
     settings = {key: value for key, value in summary["config"].items()
                 if key != "output" and (key in ("base", "train") or value != defaults[key])}
