@@ -68,6 +68,20 @@ def test_the_english_recipe_holds_its_model_cards_stages(small_data: Path, tmp_p
     assert (stored.base, stored.max_megabytes, stored.name) == (shipped["config"]["base"], shipped["config"]["max_megabytes"], "en-conll03")
 
 
+def test_the_gemma_english_recipe_holds_its_model_cards_stages(small_data: Path, tmp_path: Path) -> None:
+    """Stage 1 fully fine-tunes Gemma's top layers, stage 2 stores that in 25 MB, stage 3 trains the
+    stored adapter further (the card's run: the shipped ``recipe.json`` and ``training.json``)."""
+    recipe = load_recipe("en-conll03-gemma")
+    tuned, stored, further = stage_configs(recipe, RecipeRun(small_data, tmp_path / "out"))
+    assert (tuned.base, tuned.full, tuned.top_layers) == ("gemma3-270m", True, 9)
+    assert stored.model == tuned.output and (stored.base, stored.max_megabytes) == ("gemma3-270m", 25)
+    assert further.init_adapter == stored.output and (further.base, further.full, further.top_layers) == ("gemma3-270m", False, 9)
+    assert json.loads((SHIPPED / "en-conll03-gemma" / "recipe.json").read_text())["stages"] == recipe.model_dump()["stages"]
+    shipped = json.loads((SHIPPED / "en-conll03-gemma" / "training.json").read_text())["config"]
+    for key in (key for key in LM_SETTINGS if key != "init_adapter"):
+        assert getattr(further, key) == shipped.get(key, getattr(TrainConfig, key, None)), key
+
+
 def test_recipes_keep_float32_weights_on_the_cpu(small_data: Path, tmp_path: Path) -> None:
     """A recipe written for a GPU still trains at the CPU's speed when run there: float32 weights,
     with bfloat16 products only where the CPU has the instructions for them."""
