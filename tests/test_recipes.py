@@ -70,16 +70,21 @@ def test_the_english_recipe_holds_its_model_cards_stages(small_data: Path, tmp_p
 
 def test_the_gemma_english_recipe_holds_its_model_cards_stages(small_data: Path, tmp_path: Path) -> None:
     """Stage 1 fully fine-tunes Gemma's top layers, stage 2 stores that in 25 MB, stage 3 trains the
-    stored adapter further (the card's run: the shipped ``recipe.json`` and ``training.json``)."""
+    stored adapter further, stage 4 fully fine-tunes that model's top layers again and stage 5
+    stores it in 25 MB (the card's run: the shipped ``recipe.json`` and ``training.json``)."""
     recipe = load_recipe("en-conll03-gemma")
-    tuned, stored, further = stage_configs(recipe, RecipeRun(small_data, tmp_path / "out"))
+    tuned, stored, further, again, stored_again = stage_configs(recipe, RecipeRun(small_data, tmp_path / "out"))
     assert (tuned.base, tuned.full, tuned.top_layers) == ("gemma3-270m", True, 9)
     assert stored.model == tuned.output and (stored.base, stored.max_megabytes) == ("gemma3-270m", 25)
     assert further.init_adapter == stored.output and (further.base, further.full, further.top_layers) == ("gemma3-270m", False, 9)
+    assert again.base == further.output and (again.full, again.top_layers) == (True, 9)
+    assert stored_again.model == again.output and (stored_again.base, stored_again.max_megabytes) == ("gemma3-270m", 25)
     assert json.loads((SHIPPED / "en-conll03-gemma" / "recipe.json").read_text())["stages"] == recipe.model_dump()["stages"]
-    shipped = json.loads((SHIPPED / "en-conll03-gemma" / "training.json").read_text())["config"]
-    for key in (key for key in LM_SETTINGS if key != "init_adapter"):
-        assert getattr(further, key) == shipped.get(key, getattr(TrainConfig, key, None)), key
+    shipped = json.loads((SHIPPED / "en-conll03-gemma" / "training.json").read_text())
+    assert (shipped["config"]["base"], shipped["config"]["max_megabytes"]) == ("gemma3-270m", 25)
+    for stage, run in ((again, shipped["tuned"]), (further, shipped["tuned"]["continued"])):
+        for key in (key for key in LM_SETTINGS if key != "init_adapter"):
+            assert getattr(stage, key) == run["config"].get(key, getattr(TrainConfig, key, None)), key
 
 
 def test_recipes_keep_float32_weights_on_the_cpu(small_data: Path, tmp_path: Path) -> None:
