@@ -60,8 +60,10 @@ class PaDeLLM(Strategy):
         queries = mention_queries(counts)
         with stats.phase("mention"):
             answers, continued = self._ask(runner, queries, confirm, decoder, stats)
-            longer = {key: int(f"{counts[key]}{digits}") for key, digits in continued.items()}
-            if longer:  # rare: a count of several tokens; ask that label's mentions again
+            # rare: a count of several tokens; ask that label's mentions again, at most one per
+            # character of the window (an untrained model may write any number of digits)
+            longer = {key: min(int(f"{counts[key]}{digits}"), len(windows[key.window_index].text)) for key, digits in continued.items()}
+            if longer:
                 kept = [i for i, q in enumerate(queries) if q.window_label not in longer]
                 queries, answers = [queries[i] for i in kept], [answers[i] for i in kept]
                 again = mention_queries(longer)
