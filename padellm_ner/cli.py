@@ -140,11 +140,12 @@ def cmd_calibrate_counts(args: argparse.Namespace) -> int:
     from corpora import read_corpus
     from ner_service.engine import NEREngine
     from ner_service.engine.ner_model import resolve_ner_model
-    from training.count_calibration import choose_count_bias, table
+    from training.count_calibration import calibrate
 
     engine = NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=_count_bias(args))
-    setting, calibrations = choose_count_bias(engine, read_corpus(args.path)[: args.limit], args.batch_size)
-    print(table(calibrations, engine.count_bias))
+    calibration = calibrate(engine, read_corpus(args.path)[: args.limit], args.batch_size)
+    setting = calibration.setting()
+    print(calibration.table())
     print(f"count_bias: {json.dumps(setting)}")
     if args.write:
         folder = resolve_ner_model(args.model)
@@ -220,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=cmd_evaluate)
 
     calibrate = sub.add_parser("calibrate-counts", help="choose each label's PaDeLLM count bias on a dev file "
-                                                        "(the counts closest to the gold ones)", options=_calibrate_counts_options)
+                                                        "(the biases of the best dev F1)", options=_calibrate_counts_options)
     calibrate.set_defaults(func=cmd_calibrate_counts)
 
     models = sub.add_parser("models", help="list the shipped models")

@@ -1,5 +1,5 @@
 """Per-label count biases: how they are written and read, that the engine counts as the calibration
-predicts it will, and that calibration picks the bias that brings counts closest to gold."""
+predicts it will, and that calibration picks the biases of the best dev F1, the F1 the engine then gives."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from corpora import read_corpus
 from ner_service.engine import NEREngine
 from ner_service.engine.count_bias import CountBias, InvalidCountBiasError
 from ner_service.engine.ner_model import SHIPPED_DIR
-from training.count_calibration import CountScores, calibrate, count_scores
+from training.count_calibration import ascend, calibrate, count_scores
+from training.evaluate import predict, span_f1
 from training.error_analysis import RecordingStrategy
 
 LABELS = ["LOC", "MISC", "ORG", "PER"]
@@ -40,16 +41,24 @@ def test_a_count_bias_is_one_number_or_a_table_and_a_command_line_overrides_some
             CountBias.of(broken)
 
 
-def test_calibration_raises_the_bias_of_a_label_that_counts_too_few_and_leaves_a_right_one() -> None:
-    # Two labels, 40 pairs each, gold count 2. ORG's model prefers 1 by 0.4 nats; PER's prefers 2.
-    digits = torch.full((80, 10), -20.0)
-    digits[:40, 1], digits[:40, 2] = -0.5, -0.9
-    digits[40:, 2], digits[40:, 1] = -0.3, -1.5
-    scores = CountScores(digits, torch.full((80,), -5.0), torch.full((80,), 2), ["ORG"] * 40 + ["PER"] * 40)
-    org, per = calibrate(scores, CountBias(0.0), ["ORG", "PER"])
-    assert org.before.too_few == 40 and org.after.total == 0 and org.bias > 0.4  # the smallest grid bias above the margin
-    assert org.bias == 0.5
-    assert per.bias == 0.0 and per.after.total == per.before.total == 0
+def test_the_ascent_finds_each_labels_best_bias_across_a_flat_step_and_keeps_the_start_on_a_tie() -> None:
+    # ORG's F1 peaks at 1.0 with a flat step at 0.5 on the way; PER's is best where it starts;
+    # LOC's is flat everywhere. The labels add up, as micro-F1 nearly does.
+    org = {0.0: 80.0, 0.25: 81.0, 0.5: 81.0, 0.75: 82.0, 1.0: 83.0, 1.25: 82.5, 1.5: 70.0}
+    tried: list[dict[str, float]] = []
+
+    def score(biases: dict[str, float]) -> float:
+        tried.append(biases)
+        return org.get(biases["ORG"], 0.0) + 90.0 - 4 * abs(biases["PER"] - 0.75) + 50.0
+
+    chosen = ascend(["LOC", "ORG", "PER"], {"LOC": 0.0, "ORG": 0.0, "PER": 0.75}, score)
+    assert chosen == {"LOC": 0.0, "ORG": 1.0, "PER": 0.75}
+    assert {"LOC": 0.0, "ORG": 1.5, "PER": 0.75} in tried  # PATIENCE steps past the best before turning back
+    assert all(b["ORG"] <= 1.5 for b in tried)
+
+
+def test_a_start_between_the_grid_steps_is_kept_when_nothing_beats_it() -> None:
+    assert ascend(["ORG"], {"ORG": 0.6}, lambda b: -abs(b["ORG"] - 0.6)) == {"ORG": 0.6}
 
 
 @pytest.mark.parametrize("bias", [0.0, {"ORG": 1.5, "MISC": 1.0}])
@@ -72,6 +81,22 @@ def test_the_engine_counts_as_the_calibration_predicts(en_engine: NEREngine, dat
     recorded = {key: n for key, n in recorder.answers.items() if n}
     assert {key: n for key, n in predicted.items() if n} == recorded
     assert sum(recorded.values()) >= 15  # the dev sentences have entities: the comparison is not of empty counts
+    assert scores.texts == [w.text_index for w in windows for _ in engine.labels]
+
+
+def test_the_calibrated_f1_is_the_f1_the_engine_gives_with_the_chosen_biases(en_engine: NEREngine, data_dir: Path) -> None:
+    examples = read_corpus(data_dir / "conll2003" / "dev.txt")[:48]
+    engine = NEREngine(en_engine.ner_model, count_bias=-0.5)  # a bias that counts too few: the ascent has somewhere to go
+    calibration = calibrate(engine, examples, batch_size=16, progress=False)
+    gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
+    for biases, expected in ((-0.5, calibration.before), (calibration.setting(), calibration.after)):
+        scored = NEREngine(en_engine.ner_model, count_bias=biases)
+        found = span_f1(gold, predict(scored, examples, scored.options(strategy="padellm"), batch_size=16, progress=False).entities)
+        assert (found["micro_f1"], found["precision"], found["recall"]) == pytest.approx((expected["f1"], expected["precision"], expected["recall"]))
+    assert calibration.after["f1"] > calibration.before["f1"]
+    assert all(c.bias > -0.5 for c in calibration.labels if c.after.too_few < c.before.too_few)
+    table = calibration.table()
+    assert table.startswith("| label | pairs | bias (was) | F1 (was) |") and "\n| PER | " in table and f"micro-F1 {calibration.after['f1']:.2f}" in table
 
 
 def test_calibrate_counts_writes_a_table_the_engine_then_uses(tmp_path: Path, data_dir: Path) -> None:

@@ -33,7 +33,7 @@ from ner_service.engine.ner_model import SELF_CONTAINED, load_base, resolve_ner_
 from corpora import Example, check_labels, read_corpus
 from training.evaluate import dev_scores
 from training.configs import QUERY_KINDS, TrainConfig
-from training.count_calibration import choose_count_bias, table
+from training.count_calibration import calibrate
 from training.document_windows import document_windows
 from training.examples import build_row
 
@@ -218,12 +218,13 @@ def train(config: TrainConfig) -> dict:
 
 def calibrate_count_bias(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig) -> str:
     """Choose each label's count bias on the whole dev file (a smoke run's ``limit`` cuts it too),
-    set it in ``ner_config`` and return the table of the counts' errors before and after."""
+    set it in ``ner_config`` and return the table of its F1 and counts' errors before and after."""
     lm = inner_model(model)
     lm.eval()
     engine = NEREngine(NERModel(lm, tokenizer, ner_config, Path(config.output)))
-    ner_config.count_bias, calibrations = choose_count_bias(engine, read_corpus(config.dev)[: config.limit], config.eval_batch_size)
-    return table(calibrations, engine.count_bias)
+    calibration = calibrate(engine, read_corpus(config.dev)[: config.limit], config.eval_batch_size)
+    ner_config.count_bias = calibration.setting()
+    return calibration.table()
 
 
 def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig, state: dict,
