@@ -30,7 +30,7 @@ from ner_service.engine.count_bias import CountBias, CountBiasSetting
 from ner_service.engine.query_runners import SharedPrefixRunner
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.strategies.padellm import PaDeLLM
-from training.evaluate import SpanKey, span_f1
+from training.evaluate import SpanKey, predict, span_f1
 
 #: The biases tried per label (log-probability per unit of a count's first digit).
 GRID = tuple(round(0.25 * step, 2) for step in range(-4, 13))
@@ -169,7 +169,6 @@ class EntitiesByCounts:
     def __init__(self, engine: NEREngine, examples: Sequence[Example], scores: CountScores, batch_size: int = 16) -> None:
         self.engine, self.examples, self.scores, self.batch_size = engine, examples, scores, batch_size
         self.found: list[dict[tuple[int, ...], list[SpanKey]]] = [{} for _ in examples]
-        self.texts_run = 0
 
     def signatures(self, biases: Biases) -> list[tuple[int, ...]]:
         """Each text's counts under ``biases``, pair by pair."""
@@ -183,14 +182,9 @@ class EntitiesByCounts:
         new = [i for i, signature in enumerate(signatures) if signature not in self.found[i]]
         engine = copy.copy(self.engine)
         engine.count_bias = CountBias.of(biases)
-        options = engine.options(strategy="padellm")
-        with tqdm(total=len(new), desc="entities", unit="text", disable=not progress) as bar:
-            for start in range(0, len(new), self.batch_size):
-                batch = new[start:start + self.batch_size]
-                for i, result in zip(batch, engine.extract_with(options, [self.examples[i].text for i in batch])):
-                    self.found[i][signatures[i]] = [(e.start, e.end, e.label) for e in result.entities]
-                bar.update(len(batch))
-        self.texts_run += len(new)
+        found = predict(engine, [self.examples[i] for i in new], engine.options(strategy="padellm"), self.batch_size, progress)
+        for i, entities in zip(new, found.entities):
+            self.found[i][signatures[i]] = entities
         return [self.found[i][signature] for i, signature in enumerate(signatures)]
 
     def f1(self, biases: Biases, progress: bool = False) -> dict:
