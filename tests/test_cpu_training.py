@@ -205,3 +205,43 @@ def test_the_schedule_ends_when_the_run_is_out_of_minutes(tmp_path: Path, monkey
     assert 49 <= state["step"] <= 51, state["step"]  # 2 s of 0.04 s steps, long before its 800 planned steps
     assert max(rates[2:]) > 0.9e-2 and rates[-1] < 0.15e-2  # from the peak to near the floor (10 %) in the minutes given
     assert rates[len(rates) // 2] < 0.8e-2  # halfway through the minutes, halfway down: not a cosine over 800 steps
+
+
+def test_the_memory_ceiling_hands_the_pages_jemalloc_keeps_back_to_the_kernel() -> None:
+    from training.allocator import JEMALLOC_SETTINGS, MemoryCeiling, jemalloc_library
+
+    library = jemalloc_library()
+    if library is None:
+        pytest.skip("jemalloc is not installed (Debian: libjemalloc2)")
+    # tensors of many sizes, all freed: jemalloc without decay keeps their pages for reuse
+    script = """
+import json, torch
+from training.allocator import MemoryCeiling, anonymous_memory, current_allocator
+start = anonymous_memory()
+tensors = [torch.ones(2_000_000 + 40_000 * n) for n in range(40)]
+del tensors
+kept = anonymous_memory()
+above = MemoryCeiling(limit=2 * kept).check()
+unchanged = anonymous_memory()
+ceiling = MemoryCeiling(limit=start + 100 * 2**20)
+released = ceiling.check()
+print(json.dumps({"allocator": current_allocator(), "start": start, "kept": kept, "above": above, "unchanged": unchanged,
+                  "released": released, "releases": ceiling.releases, "after": anonymous_memory()}))
+"""
+    environment = dict(os.environ, LD_PRELOAD=str(library), MALLOC_CONF=JEMALLOC_SETTINGS)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=120)
+    assert done.returncode == 0, done.stderr
+    memory = json.loads(done.stdout)
+    assert memory["allocator"] == "jemalloc"
+    mb = 2**20
+    assert memory["kept"] - memory["start"] > 300 * mb  # 40 tensors of 8-14 MB freed, their pages kept
+    assert not memory["above"] and abs(memory["unchanged"] - memory["kept"]) < 20 * mb  # under its limit: nothing done
+    assert memory["released"] and memory["releases"] == 1
+    assert memory["after"] < memory["kept"] - 250 * mb  # above it: handed back
+
+
+def test_a_process_without_a_limit_never_releases() -> None:
+    from training.allocator import MemoryCeiling
+
+    assert not MemoryCeiling(None).check()
+    assert MemoryCeiling.of_machine(0.5).limit is not None  # this machine's /proc answers

@@ -1,6 +1,7 @@
 """The optimisation loop the trainers share: batches under a token budget in an order each epoch's
 seed decides, warm-up then a cosine schedule, a progress bar with ETA, a checkpoint every few
-minutes and at each epoch's end, and ``resume`` that continues a killed run exactly.
+minutes and at each epoch's end, ``resume`` that continues a killed run exactly, and memory kept
+under a ceiling (``training.allocator``).
 
 A run with ``max_minutes`` ends its cosine when its minutes do, if that comes before its epochs
 end: the schedule's last step is re-estimated after every step from the run's pace so far, so
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from training.allocator import MemoryCeiling
 from training.batching import length_batches
 from training.checkpoints import CheckpointClock, load_checkpoint, save_checkpoint
 from training.loss import optimizer_step
@@ -95,6 +97,7 @@ def run_loop(model: torch.nn.Module, lengths: Sequence[int], batch_loss: BatchLo
         log.info("resuming at step %d", state["step"])
     state["seconds"] += setup_seconds
     clock = CheckpointClock(settings.checkpoint_minutes)
+    ceiling = MemoryCeiling.of_machine()
     bar = tqdm(total=total_steps, initial=state["step"], desc=description, unit="step")
     timed_tokens, timed_seconds = 0, 0.0  # this process's steps alone: the bar's throughput
 
@@ -123,6 +126,7 @@ def run_loop(model: torch.nn.Module, lengths: Sequence[int], batch_loss: BatchLo
             state["tokens"] += tokens
             state["seconds"] += seconds
             state["step_seconds"] += seconds
+            ceiling.check()
             timed_tokens += tokens
             timed_seconds += seconds
             bar.total = last_step()
