@@ -69,6 +69,21 @@ def test_a_small_budget_keeps_the_largest_part_of_the_change_within_it(tuned: Pa
     assert len(answers) == len(TEXTS) and all(a.stats.forward_passes > 0 for a in answers)
 
 
+def test_the_stored_adapter_gets_the_count_biases_its_own_calibration_chooses(tuned: Path, tiny_engine) -> None:
+    from corpora import read_corpus
+    from training.count_calibration import calibrate
+
+    config = LowRankConfig(model=str(tuned / "model"), base=str(tiny_engine.ner_model.path), output=str(tuned / "calibrated"),
+                           max_megabytes=0.03, dev=str(tuned / "train.jsonl"), eval_limit=2, calibrate_counts=True)
+    summary = store_low_rank(config)
+    saved = json.loads((tuned / "calibrated" / "ner_model.json").read_text())
+    tuned_bias = json.loads((tuned / "model" / "ner_model.json").read_text())["count_bias"]  # where the calibration starts
+    stored = NEREngine.load(tuned / "calibrated", count_bias=tuned_bias)
+    again = calibrate(stored, read_corpus(config.dev), config.eval_batch_size)
+    assert saved["count_bias"] == again.setting()
+    assert summary["count_calibration"] == again.table() and again.table() in (tuned / "calibrated" / "README.md").read_text()
+
+
 def test_a_stored_adapter_trains_further_with_each_layer_keeping_its_rank(tuned: Path, tiny_engine) -> None:
     """A recipe's stage after ``low_rank``: the stored adapter, trained as a LoRA, relearns within
     its budget what the truncation lost; the run's own LoRA rank does not apply to it."""

@@ -94,6 +94,8 @@ class LowRankConfig:
     dev: str | None = None
     eval_limit: int | None = 300
     device: str = "cpu"
+    calibrate_counts: bool = False  # each label's count bias chosen on the whole dev file for its F1, as the lm trainer's
+    eval_batch_size: int = 16
 
 
 @dataclass

@@ -15,6 +15,7 @@ import json
 import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel
@@ -22,6 +23,9 @@ from transformers import PreTrainedModel
 from general_decoding.kept_vocabulary import FILE as KEPT_VOCABULARY
 from training.configs import LowRankConfig
 from training.top_layers import LINEAR_MODULES
+
+if TYPE_CHECKING:
+    from ner_service.engine.ner_model import NERModelConfig
 
 #: Bytes a stored adapter weight takes (fp16), and at most what the file's header takes per tensor (its name, shape, offsets).
 WEIGHT_BYTES = 2
@@ -165,6 +169,8 @@ def store_low_rank(config: LowRankConfig) -> dict:
     summary = {"config": asdict(config), "adapter_bytes": size, "kept_share": choice.kept_share, "stored_weights": choice.stored_weights,
                "norms": choice.norms, "ranks": choice.ranks, "dev": None,
                "tuned": json.loads(tuning.read_text(encoding="utf-8")) if tuning.is_file() else None}
+    if config.calibrate_counts and config.dev:
+        summary["count_calibration"] = _calibrate_counts(output, config, ner_config)
     if config.dev:
         summary["dev"] = _dev_scores(output, config)
         ner_config.metrics = {"dev_during_training": summary["dev"]}
@@ -172,6 +178,21 @@ def store_low_rank(config: LowRankConfig) -> dict:
     (output / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (output / "README.md").write_text(model_card(config, summary), encoding="utf-8")
     return summary
+
+
+def _calibrate_counts(folder: Path, config: LowRankConfig, ner_config: "NERModelConfig") -> str:
+    """Choose each label's count bias on the whole dev file for the stored adapter (the stored
+    change is not the tuned one: its counts are chosen again), write it to ``ner_model.json`` and
+    return the calibration's table."""
+    from corpora import read_corpus
+    from ner_service.engine import NEREngine
+    from ner_service.engine.ner_model import NERModel
+    from training.count_calibration import calibrate
+
+    calibration = calibrate(NEREngine(NERModel.load(folder, device=config.device)), read_corpus(config.dev), config.eval_batch_size)
+    ner_config.count_bias = calibration.setting()
+    ner_config.write(folder)
+    return calibration.table()
 
 
 def _dev_scores(folder: Path, config: LowRankConfig) -> dict:
@@ -199,4 +220,6 @@ def model_card(config: LowRankConfig, summary: dict) -> str:
     if summary["dev"]:
         lines += ["", "| strategy | dev texts | micro-F1 | P | R |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| {s} | {r['n_sentences']} | {r['micro_f1']:.2f} | {r['precision']:.2f} | {r['recall']:.2f} |" for s, r in summary["dev"].items()]
+    if summary.get("count_calibration"):
+        lines += ["", "Each label's count bias, chosen on the whole dev file for its F1:", "", summary["count_calibration"]]
     return "\n".join(lines) + "\n"
