@@ -87,6 +87,21 @@ def test_the_gemma_english_recipe_holds_its_model_cards_stages(small_data: Path,
             assert getattr(stage, key) == run["config"].get(key, getattr(TrainConfig, key, None)), key
 
 
+def test_the_resume_recipe_holds_its_model_cards_stages(small_data: Path, tmp_path: Path) -> None:
+    """Stage 1 fully fine-tunes the top layers of zh-resume-v1 merged, stage 2 stores the change from
+    Gemma 3 270M in 25 MB and chooses the count biases (the card's run: ``recipe.json``, ``training.json``)."""
+    recipe = load_recipe("zh-resume")
+    tuned, stored = stage_configs(recipe, RecipeRun(small_data, tmp_path / "out"))
+    assert (tuned.base, tuned.full, tuned.top_layers, tuned.kept_vocabulary) == ("zh-resume-v1", True, 9, True)
+    assert stored.model == tuned.output and (stored.base, stored.max_megabytes, stored.calibrate_counts) == ("gemma3-270m", 25, True)
+    assert json.loads((SHIPPED / "zh-resume" / "recipe.json").read_text())["stages"] == recipe.model_dump()["stages"]
+    shipped = json.loads((SHIPPED / "zh-resume" / "training.json").read_text())
+    assert (shipped["config"]["base"], shipped["config"]["max_megabytes"]) == ("gemma3-270m", 25)
+    for key in (key for key in LM_SETTINGS if key != "init_adapter"):
+        assert getattr(tuned, key) == shipped["tuned"]["config"].get(key, getattr(TrainConfig, key, None)), key
+    assert json.loads((SHIPPED / "zh-weibo" / "ner_model.json").read_text())["base"] == "zh-resume-v1"  # the model it was trained on
+
+
 def test_recipes_keep_float32_weights_on_the_cpu(small_data: Path, tmp_path: Path) -> None:
     """A recipe written for a GPU still trains at the CPU's speed when run there: float32 weights,
     with bfloat16 products only where the CPU has the instructions for them."""

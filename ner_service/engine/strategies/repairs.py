@@ -3,7 +3,7 @@
 * With ``repair_unaligned``, an answer not in its window (or empty although the count promised
   a mention) is re-asked restricted to spans of the window (:class:`SpanTries`); the new answer
   is kept when its log-probability per token reaches ``UNALIGNED_MIN_MEAN_LOGPROB``. A weak
-  model (zh-resume) writes a mention of its own rather than copying one far more often than a
+  model (zh-resume-v1) writes a mention of its own rather than copying one far more often than a
   strong one.
 * With ``repair_duplicates``, a surplus copy (an answer repeated under its label more often
   than the window holds it) is re-asked with its first token banned (and within the window's
@@ -24,7 +24,7 @@ from ner_service.engine.spans import occurrences
 from ner_service.engine.strategies.base import StrategyOptions
 
 #: A mention re-asked within the text's spans is kept when its log-probability per token is at
-#: least this: on zh-resume's dev set (its model card), about 23 % of the answers between -2.0
+#: least this: on zh-resume-v1's dev set (its model card), about 23 % of the answers between -2.0
 #: and -1.6 were right (break-even at its F1), 9 % between -2.4 and -2.0.
 UNALIGNED_MIN_MEAN_LOGPROB = -1.6
 #: The decoder of answers restricted to the text's spans: they are copies of the text, so
