@@ -147,7 +147,8 @@ def low_rank_adapter(tuned: PreTrainedModel, base: PreTrainedModel, max_megabyte
 
 def store_low_rank(config: LowRankConfig) -> dict:
     """The ``low_rank`` trainer: write ``config.model`` as an adapter over ``config.base`` to
-    ``config.output`` (with its ``ner_model.json`` and a model card), and score it on dev."""
+    ``config.output`` (with its ``ner_model.json`` and a model card), choose its count biases on dev
+    (``calibrate_counts``) and score it on dev."""
     from ner_service.engine.ner_model import NERModel, load_base
     from training.trainer import save_adapter
 
