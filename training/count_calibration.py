@@ -20,12 +20,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from corpora import Example
-from ner_service.engine import NEREngine
+from corpora import Example, read_corpus
+from ner_service.engine import NEREngine, NERModelConfig
 from ner_service.engine.count_bias import CountBias, CountBiasSetting
 from ner_service.engine.query_runners import SharedPrefixRunner
 from ner_service.engine.results import ExtractionStats
@@ -169,6 +170,8 @@ class EntitiesByCounts:
     def __init__(self, engine: NEREngine, examples: Sequence[Example], scores: CountScores, batch_size: int = 16) -> None:
         self.engine, self.examples, self.scores, self.batch_size = engine, examples, scores, batch_size
         self.found: list[dict[tuple[int, ...], list[SpanKey]]] = [{} for _ in examples]
+        labels = set(engine.labels)
+        self.gold = [[(s.start, s.end, s.label) for s in e.spans if s.label in labels] for e in examples]
 
     def signatures(self, biases: Biases) -> list[tuple[int, ...]]:
         """Each text's counts under ``biases``, pair by pair."""
@@ -189,8 +192,7 @@ class EntitiesByCounts:
 
     def f1(self, biases: Biases, progress: bool = False) -> dict:
         """``span_f1`` of the entities under ``biases`` against the gold spans."""
-        gold = [[(s.start, s.end, s.label) for s in e.spans if s.label in biases] for e in self.examples]
-        return span_f1(gold, self.entities(biases, progress))
+        return span_f1(self.gold, self.entities(biases, progress))
 
 
 def ascend(labels: Sequence[str], start: Biases, score: Callable[[Biases], float], grid: Sequence[float] = GRID) -> Biases:
@@ -234,6 +236,14 @@ def calibrate(engine: NEREngine, examples: Sequence[Example], batch_size: int = 
     per_label = [LabelCalibration(label, chosen[label], was[label], scores.errors(label, was[label]), scores.errors(label, chosen[label]),
                                   _label_f1(before, label), _label_f1(after, label)) for label in labels]
     return Calibration(per_label, _summary(before), _summary(after))
+
+
+def calibrate_model(engine: NEREngine, ner_config: NERModelConfig, dev: str | Path, batch_size: int = 16, limit: int | None = None) -> str:
+    """Choose the count biases of ``engine``'s model on the dev file (its first ``limit`` texts),
+    set them in ``ner_config`` and return the calibration's table: a trainer's last step."""
+    calibration = calibrate(engine, read_corpus(dev)[:limit], batch_size)
+    ner_config.count_bias = calibration.setting()
+    return calibration.table()
 
 
 def _label_f1(scores: dict, label: str) -> float:

@@ -185,15 +185,13 @@ def _calibrate_counts(folder: Path, config: LowRankConfig, ner_config: "NERModel
     """Choose each label's count bias on the whole dev file for the stored adapter (the stored
     change is not the tuned one: its counts are chosen again), write it to ``ner_model.json`` and
     return the calibration's table."""
-    from corpora import read_corpus
     from ner_service.engine import NEREngine
     from ner_service.engine.ner_model import NERModel
-    from training.count_calibration import calibrate
+    from training.count_calibration import calibrate_model
 
-    calibration = calibrate(NEREngine(NERModel.load(folder, device=config.device)), read_corpus(config.dev), config.eval_batch_size)
-    ner_config.count_bias = calibration.setting()
+    table = calibrate_model(NEREngine(NERModel.load(folder, device=config.device)), ner_config, config.dev, config.eval_batch_size)
     ner_config.write(folder)
-    return calibration.table()
+    return table
 
 
 def _dev_scores(folder: Path, config: LowRankConfig) -> dict:

@@ -33,7 +33,7 @@ from ner_service.engine.ner_model import SELF_CONTAINED, load_base, resolve_ner_
 from corpora import Example, check_labels, read_corpus
 from training.evaluate import dev_scores
 from training.configs import QUERY_KINDS, TrainConfig
-from training.count_calibration import calibrate
+from training.count_calibration import calibrate_model
 from training.document_windows import document_windows
 from training.examples import build_row
 
@@ -222,9 +222,7 @@ def calibrate_count_bias(model: torch.nn.Module, tokenizer: PreTrainedTokenizerB
     lm = inner_model(model)
     lm.eval()
     engine = NEREngine(NERModel(lm, tokenizer, ner_config, Path(config.output)))
-    calibration = calibrate(engine, read_corpus(config.dev)[: config.limit], config.eval_batch_size)
-    ner_config.count_bias = calibration.setting()
-    return calibration.table()
+    return calibrate_model(engine, ner_config, config.dev, config.eval_batch_size, config.limit)
 
 
 def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig, state: dict,
