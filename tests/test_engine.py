@@ -141,7 +141,10 @@ def _repairs(engine: NEREngine, **options: object) -> Repairs:
 
 
 @pytest.mark.parametrize("runner", ["shared_prefix", "reencoding"])
-def test_surplus_duplicate_mentions_are_re_asked_with_their_first_token_banned(tiny_engine: NEREngine, runner: str) -> None:
+def test_surplus_duplicate_mentions_are_re_asked_with_their_first_token_banned(tiny_engine: NEREngine, runner: str,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from ner_service.engine.strategies import repairs as repairs_module
+
     text = "Peter Blackburn met Peter Blackburn and John Smith in BRUSSELS ."
     queries = [MentionQuery(0, "PER", 4, k) for k in (1, 2, 3, 4)]
     windows, asking, plain = _asked(tiny_engine, runner, text, ["PER"], queries)
@@ -153,11 +156,17 @@ def test_surplus_duplicate_mentions_are_re_asked_with_their_first_token_banned(t
         found = [("Peter Blackburn", -0.1), ("Peter Blackburn", -0.2), ("John Smith", -0.3), ("John Smith", -0.9)]
         return [Answer(Mention("PER", mention, logprob), first[row]) for row, (mention, logprob) in enumerate(found)]
 
+    (again,) = repairs.re_ask(asking, queries, [3], greedy, ExtractionStats(), [first[3]])
+    assert again.first_token != first[3]  # the first token it had is banned
+    monkeypatch.setattr(repairs_module, "REPAIRED_MIN_MEAN_LOGPROB", again.mean_logprob + 0.01)
+    kept = answers()
+    repairs.apply(asking, windows, queries, kept, greedy, ExtractionStats())
+    assert kept == answers()  # a re-asked answer less sure than the threshold: the copy stays, which alignment drops
+    monkeypatch.setattr(repairs_module, "REPAIRED_MIN_MEAN_LOGPROB", again.mean_logprob - 0.01)
     repaired = answers()
     repairs.apply(asking, windows, queries, repaired, greedy, ExtractionStats())
     assert repaired[:3] == answers()[:3]
-    assert repaired[3].first_token != first[3]  # the first token it had is banned
-    assert repaired[3].mention.logprob < 0
+    assert (repaired[3].mention.text, repaired[3].first_token) == (again.mention.text, again.first_token)
     # the cached and the re-encoding runners repair alike
     _, other, _ = _asked(tiny_engine, "reencoding" if runner == "shared_prefix" else "shared_prefix", text, ["PER"], queries)
     again = answers()

@@ -30,6 +30,21 @@ def test_occurrence_not_reused_for_the_same_label_but_shared_across_labels() -> 
     assert sorted((e.start, e.label) for e in entities) == [(0, "LOC"), (0, "PER"), (11, "PER")]
 
 
+def test_a_mention_inside_a_longer_entity_moves_to_a_free_occurrence_of_its_text() -> None:
+    """"律师" (TITLE) first occurs inside the firm (ORG) and "England" (LOC) inside the bank: each
+    takes its own occurrence, which survives the overlaps; one with no other occurrence stays."""
+    text = "北京市海问律师事务所律师"
+    entities, _ = align_mentions(text, [Mention("TITLE", "律师", -0.1), Mention("ORG", "北京市海问律师事务所", -0.2)])
+    assert sorted((e.start, e.end, e.label) for e in resolve_overlaps(entities)) == [(0, 10, "ORG"), (10, 12, "TITLE")]
+    text = "the Bank of England left England"
+    mentions = [Mention("LOC", "England", -0.1), Mention("ORG", "Bank of England", -0.3)]
+    kept = resolve_overlaps(align_mentions(text, mentions)[0])
+    assert [(text[e.start:e.end], e.label, e.start) for e in kept] == [("Bank of England", "ORG", 4), ("England", "LOC", 25)]
+    text = "the Bank of England left"
+    kept = resolve_overlaps(align_mentions(text, mentions)[0])
+    assert [(text[e.start:e.end], e.label) for e in kept] == [("Bank of England", "ORG")]
+
+
 def test_span_under_two_labels_keeps_the_more_probable() -> None:
     kept = resolve_overlaps([Entity(0, 6, "Jordan", "PER", 0.4), Entity(0, 6, "Jordan", "LOC", 0.9), Entity(11, 17, "Jordan", "PER", 0.8)])
     assert [(e.start, e.label) for e in kept] == [(0, "LOC"), (11, "PER")]

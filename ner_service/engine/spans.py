@@ -65,7 +65,10 @@ def align_mentions(text: str, mentions: list[Mention]) -> tuple[list[Entity], in
 
     Mentions of one label are taken in the order given (reading order): each goes to the
     first untaken occurrence at or after the previous one of its label, else to any
-    untaken occurrence. A label's occurrence is never used twice.
+    untaken occurrence. A label's occurrence is never used twice. Then each entity that lies
+    inside a longer one (which :func:`resolve_overlaps` would drop) moves to a free
+    occurrence of its text that overlaps no entity, where there is one: "律师" (TITLE) first
+    occurs inside "海问律师事务所" (ORG) in "海问律师事务所律师".
     """
     entities: list[Entity] = []
     missing = 0
@@ -86,7 +89,32 @@ def align_mentions(text: str, mentions: list[Mention]) -> tuple[list[Entity], in
         end = chosen + len(mention.text)
         cursor[mention.label] = end
         entities.append(Entity(chosen, end, mention.text, mention.label, math.exp(mention.logprob)))
-    return entities, missing
+    return _moved_out_of_longer(text, entities, taken), missing
+
+
+def _overlaps(entity: Entity, start: int, end: int) -> bool:
+    return entity.start < end and start < entity.end
+
+
+def _moved_out_of_longer(text: str, entities: list[Entity], taken: dict[str, set[int]]) -> list[Entity]:
+    """``entities`` with each one inside a longer entity moved to the first free occurrence of
+    its text (after it, else before) that overlaps no other entity; the longest are settled first."""
+    placed = list(entities)
+    for index in sorted(range(len(placed)), key=lambda i: placed[i].start - placed[i].end):
+        entity = placed[index]
+        others = [o for i, o in enumerate(placed) if i != index]
+        if not any(_overlaps(o, entity.start, entity.end) and o.end - o.start > entity.end - entity.start for o in others):
+            continue
+        used = taken[entity.label]
+        length = entity.end - entity.start
+        clear = [s for s in occurrences(text, entity.text)
+                 if s not in used and not any(_overlaps(o, s, s + length) for o in others)]
+        if clear:
+            start = ([s for s in clear if s > entity.start] or clear)[0]
+            used.discard(entity.start)
+            used.add(start)
+            placed[index] = Entity(start, start + length, entity.text, entity.label, entity.score)
+    return placed
 
 
 def resolve_overlaps(entities: list[Entity]) -> list[Entity]:

@@ -1,14 +1,17 @@
 """PaDeLLM's repairs: the mention answers that offset alignment would lose are asked again.
 
 * With ``repair_unaligned``, an answer not in its window (or empty although the count promised
-  a mention) is re-asked restricted to spans of the window (:class:`SpanTries`); the new answer
-  is kept when its log-probability per token reaches ``UNALIGNED_MIN_MEAN_LOGPROB``. A weak
+  a mention) is re-asked restricted to spans of the window (:class:`SpanTries`). A weak
   model (zh-resume-v1) writes a mention of its own rather than copying one far more often than a
   strong one.
 * With ``repair_duplicates``, a surplus copy (an answer repeated under its label more often
   than the window holds it) is re-asked with its first token banned (and within the window's
   spans with ``repair_unaligned``). Such copies mostly come from a model answering the k-th
-  query of a long list with a neighbour.
+  query of a long list with a neighbour, or from a count too high.
+
+A re-asked answer replaces the old one only when its log-probability per token reaches
+``REPAIRED_MIN_MEAN_LOGPROB``: otherwise the old one stays, which alignment drops (it is not in
+the window, or its occurrences are taken).
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from ner_service.engine.span_tries import SpanTries
 from ner_service.engine.spans import occurrences
 from ner_service.engine.strategies.base import StrategyOptions
 
-#: A mention re-asked within the text's spans is kept when its log-probability per token is at
-#: least this: on zh-resume-v1's dev set (its model card), about 23 % of the answers between -2.0
-#: and -1.6 were right (break-even at its F1), 9 % between -2.4 and -2.0.
-UNALIGNED_MIN_MEAN_LOGPROB = -1.6
+#: A re-asked mention is kept when its log-probability per token is at least this: on
+#: zh-resume-v1's dev set (its model card), about 23 % of the unaligned answers re-asked between
+#: -2.0 and -1.6 were right (break-even at its F1), 9 % between -2.4 and -2.0; of the surplus
+#: copies re-asked, those below it are mostly one stray character (docs/decoders.md).
+REPAIRED_MIN_MEAN_LOGPROB = -1.6
 #: The decoder of answers restricted to the text's spans: they are copies of the text, so
 #: copy drafting gives constrained greedy's tokens in fewer forwards.
 CONSTRAINED_DECODER = "copy"
@@ -45,13 +49,17 @@ class Repairs:
                           self.ner_model.config.max_mention_tokens) if self.options.repair_unaligned else None
         if tries is not None:
             redo = unaligned(windows, queries, answers)
-            for i, answer in zip(redo, self.re_ask(runner, queries, redo, decoder, stats, tries=tries)):
-                if answer.mean_logprob >= UNALIGNED_MIN_MEAN_LOGPROB:
-                    answers[i] = answer
+            self._keep_confident(answers, redo, self.re_ask(runner, queries, redo, decoder, stats, tries=tries))
         if self.options.repair_duplicates:
             redo = surplus_copies(windows, queries, answers)
             banned = [answers[i].first_token for i in redo]
-            for i, answer in zip(redo, self.re_ask(runner, queries, redo, decoder, stats, banned, tries)):
+            self._keep_confident(answers, redo, self.re_ask(runner, queries, redo, decoder, stats, banned, tries))
+
+    @staticmethod
+    def _keep_confident(answers: list[Answer], redo: list[int], again: list[Answer]) -> None:
+        """``answers[i]`` becomes its re-asked answer where that one is confident enough."""
+        for i, answer in zip(redo, again):
+            if answer.mean_logprob >= REPAIRED_MIN_MEAN_LOGPROB:
                 answers[i] = answer
 
     def re_ask(self, runner: QueryRunner, queries: list[MentionQuery], redo: list[int], decoder: Decoder, stats: ExtractionStats,
