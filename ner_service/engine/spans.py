@@ -93,6 +93,7 @@ def align_mentions(text: str, mentions: list[Mention]) -> tuple[list[Entity], in
 
 
 def _overlaps(entity: Entity, start: int, end: int) -> bool:
+    """Whether ``entity`` shares a character with ``[start, end)`` (touching is not overlapping)."""
     return entity.start < end and start < entity.end
 
 
@@ -123,6 +124,6 @@ def resolve_overlaps(entities: list[Entity]) -> list[Entity]:
     found only inside another entity repeats part of it. Sorted by offset."""
     kept: list[Entity] = []
     for entity in sorted(entities, key=lambda e: (e.start - e.end, -e.score, e.start)):
-        if all(entity.end <= other.start or entity.start >= other.end for other in kept):
+        if not any(_overlaps(other, entity.start, entity.end) for other in kept):
             kept.append(entity)
     return sorted(kept, key=lambda e: (e.start, e.end, e.label))
