@@ -103,11 +103,11 @@ def _moved_out_of_longer(text: str, entities: list[Entity], taken: dict[str, set
     placed = list(entities)
     for index in sorted(range(len(placed)), key=lambda i: placed[i].start - placed[i].end):
         entity = placed[index]
+        length = entity.end - entity.start
         others = [o for i, o in enumerate(placed) if i != index]
-        if not any(_overlaps(o, entity.start, entity.end) and o.end - o.start > entity.end - entity.start for o in others):
+        if not any(_overlaps(o, entity.start, entity.end) and o.end - o.start > length for o in others):
             continue
         used = taken[entity.label]
-        length = entity.end - entity.start
         clear = [s for s in occurrences(text, entity.text)
                  if s not in used and not any(_overlaps(o, s, s + length) for o in others)]
         if clear:
