@@ -3,6 +3,7 @@ Weibo's tokens."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,22 @@ def test_the_company_is_copied_from_the_text_and_the_unaligned_repair_changes_no
     (repaired,) = zh_engine.extract([text])
     assert plain.stats.unmatched_mentions == 0 and plain.entities == repaired.entities
     assert (13, 20, "ORG", "甘肃省畜产公司") in {(e.start, e.end, e.label, e.text) for e in repaired.entities}
+
+
+def test_the_resume_model_keeps_a_major_it_is_sure_of_and_drops_a_stray_character(zh_engine: NEREngine) -> None:
+    """Resume dev: the major (PRO, about 0.94) stays where the model also answers the university
+    and major as one ORG (about 0.37; ``shorter_span_margin``), and "出纳", which the model writes
+    "纳出纳", is found at its place."""
+    assert zh_engine.ner_model.config.shorter_span_margin == 0.1
+    text = "马先生1978年毕业于伦敦大学生物化工专业，获学士学位。"
+    (result,) = zh_engine.extract([text])
+    assert (15, 21, "PRO") in {(e.start, e.end, e.label) for e in result.entities}
+    longer_first = replace(zh_engine.ner_model, config=replace(zh_engine.ner_model.config, shorter_span_margin=None))
+    (longer_kept,) = NEREngine(longer_first).extract([text])
+    assert not any(e.label == "PRO" for e in longer_kept.entities)
+    text = "华夏控股出纳、会计；"
+    (result,) = zh_engine.extract([text])
+    assert {(e.start, e.end, e.label) for e in result.entities} >= {(4, 6, "TITLE"), (7, 9, "TITLE")}
 
 
 def test_unknown_label_lists_the_chinese_models_labels(zh_engine: NEREngine) -> None:

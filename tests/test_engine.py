@@ -15,7 +15,7 @@ from ner_service.engine.model_loading import ModelNotFoundError
 from ner_service.engine.queries import Answer, Branch, MentionQuery, answer_of, count_query_ids
 from ner_service.engine.span_tries import SpanTries
 from ner_service.engine.spans import Mention
-from ner_service.engine.strategies.repairs import Repairs
+from ner_service.engine.strategies.repairs import Repairs, without_stray_characters
 from tests.entity_lists import assert_same_entities
 
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "BRUSSELS 1996-08-22", "   "]
@@ -173,6 +173,18 @@ def test_surplus_duplicate_mentions_are_re_asked_with_their_first_token_banned(t
     repairs.apply(other, windows, queries, again, greedy, ExtractionStats())
     assert again[3].mention.text == repaired[3].mention.text and again[3].first_token == repaired[3].first_token
     assert again[3].mention.logprob == pytest.approx(repaired[3].mention.logprob, abs=1e-3)
+
+
+def test_stray_cjk_characters_before_a_copy_are_dropped_but_never_half_the_mention() -> None:
+    """An answer not in the text loses CJK characters from its start until it is, while at least
+    half of it (two characters or more) is left; English answers are never cut ("Dave Sullivan"
+    mixes two names) and "主任" is not made "任"; an answer in the text stays as it is."""
+    text = "华夏控股出纳、会计；项目负责人；任 Mike Sullivan"
+    cut = lambda answer: without_stray_characters(text, Answer(Mention("TITLE", answer, -0.5), 7)).mention.text
+    assert [cut(a) for a in ("纳出纳", "总项目负责人", "项目负责人", "主任", "Dave Sullivan", "总经理会计", "")] == [
+        "出纳", "项目负责人", "项目负责人", "主任", "Dave Sullivan", "总经理会计", ""]
+    kept = without_stray_characters(text, Answer(Mention("TITLE", "纳出纳", -0.5), 7, 4))
+    assert kept == Answer(Mention("TITLE", "出纳", -0.5), 7, 4)
 
 
 def test_constrained_copy_drafting_answers_as_constrained_greedy(tiny_engine: NEREngine, monkeypatch: pytest.MonkeyPatch) -> None:

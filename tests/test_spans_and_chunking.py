@@ -50,6 +50,21 @@ def test_span_under_two_labels_keeps_the_more_probable() -> None:
     assert [(e.start, e.label) for e in kept] == [(0, "LOC"), (11, "PER")]
 
 
+def test_a_model_with_a_shorter_span_margin_keeps_a_much_more_probable_shorter_span() -> None:
+    """"生物化工专业" (PRO, 0.94) replaces "伦敦大学生物化工专业" (ORG, 0.37) for a model with a
+    margin of 0.1, not for one without or at 0.6; a span of the same length never displaces; of a
+    chain, the shortest that is more probable than every longer one stays."""
+    text = "毕业于伦敦大学生物化工专业，获学士学位。"
+    found = [Entity(3, 13, "伦敦大学生物化工专业", "ORG", 0.37), Entity(7, 13, "生物化工专业", "PRO", 0.94),
+             Entity(15, 17, "学士", "EDU", 0.9), Entity(15, 17, "学士", "TITLE", 0.3)]
+    labels = lambda kept: [(text[e.start:e.end], e.label) for e in kept]
+    assert labels(resolve_overlaps(found, 0.1)) == [("生物化工专业", "PRO"), ("学士", "EDU")]
+    assert labels(resolve_overlaps(found)) == labels(resolve_overlaps(found, 0.6)) == [("伦敦大学生物化工专业", "ORG"), ("学士", "EDU")]
+    text = "兰州大学经济系硕士毕业"
+    chain = [Entity(0, 7, "兰州大学经济系", "ORG", 0.41), Entity(4, 9, "经济系硕士", "TITLE", 0.66), Entity(7, 9, "硕士", "EDU", 0.97)]
+    assert labels(resolve_overlaps(chain, 0.1)) == [("硕士", "EDU")]
+
+
 def test_overlapping_spans_keep_the_longer() -> None:
     """"Merkel" found only inside "Angela Merkel" repeats it; "England" inside "Bank of England"
     too, however probable; a span that only touches another stays."""

@@ -185,17 +185,17 @@ def test_a_model_trained_further_keeps_its_decoding_choices_unless_the_run_sets_
     base = tmp_path / "tiny"
     shutil.copytree(tiny_engine.ner_model.path, base)
     chosen = json.loads((base / "ner_model.json").read_text()) | {"count_bias": {"PER": 0.75}, "repair_unaligned": False,
-                                                                          "document_consistency": True}
+                                                                          "document_consistency": True, "shorter_span_margin": 0.2}
     (base / "ner_model.json").write_text(json.dumps(chosen))
     data = _jsonl(tmp_path / "train.jsonl", 4)
     run = TrainConfig(base=str(base), train=str(data), output=str(tmp_path / "same"), full=True, max_steps=1, batch_tokens=512,
                       labels=chosen["labels"])
     train(run)
     kept = json.loads((tmp_path / "same" / "ner_model.json").read_text())
-    assert (kept["count_bias"], kept["repair_unaligned"], kept["document_consistency"]) == ({"PER": 0.75}, False, True)
+    assert (kept["count_bias"], kept["repair_unaligned"], kept["document_consistency"], kept["shorter_span_margin"]) == ({"PER": 0.75}, False, True, 0.2)
     train(replace(run, output=str(tmp_path / "other"), labels=["LOC", "PER"]))
     fresh = json.loads((tmp_path / "other" / "ner_model.json").read_text())
-    assert (fresh["count_bias"], fresh["repair_unaligned"], fresh["document_consistency"]) == (0.0, True, False)
+    assert (fresh["count_bias"], fresh["repair_unaligned"], fresh["document_consistency"], fresh["shorter_span_margin"]) == (0.0, True, False, None)
     train(replace(run, output=str(tmp_path / "own"), labels=["LOC", "PER"], document_consistency=True))  # the run's own choice wins
     assert json.loads((tmp_path / "own" / "ner_model.json").read_text())["document_consistency"] is True
     train(replace(run, output=str(tmp_path / "off"), document_consistency=False))

@@ -137,9 +137,9 @@ def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTok
 
 def decoding_choices(model: str, labels: list[str]) -> dict:
     """The decoding settings chosen on dev for the NER model a run trains further (its count bias,
-    mention repair and document consistency), when it has the run's labels: the trained model
-    keeps them until they are chosen again (``padellm-ner calibrate-counts``). Nothing for a plain
-    causal LM."""
+    mention repair, document consistency and overlap margin), when it has the run's labels: the
+    trained model keeps them until they are chosen again (``padellm-ner calibrate-counts``).
+    Nothing for a plain causal LM."""
     try:
         chosen = NERModelConfig.read(resolve_ner_model(model))
     except ModelNotFoundError:
@@ -147,7 +147,7 @@ def decoding_choices(model: str, labels: list[str]) -> dict:
     if chosen.labels != labels:
         return {}
     return {"count_bias": chosen.count_bias, "repair_unaligned": chosen.repair_unaligned,
-            "document_consistency": chosen.document_consistency}
+            "document_consistency": chosen.document_consistency, "shorter_span_margin": chosen.shorter_span_margin}
 
 
 def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig,

@@ -154,5 +154,5 @@ class NEREngine:
     def text_entities(self, text: str, found: list[Entity]) -> list[Entity]:
         """A text's entities from those found in its windows (or in the pieces the API cut it
         into), offsets in ``text``: flat, and consistent where the model says so."""
-        entities = resolve_overlaps(found)
+        entities = resolve_overlaps(found, self.ner_model.config.shorter_span_margin)
         return consistent_entities(text, entities) if self.document_consistency else entities

@@ -49,6 +49,7 @@ class NERModelConfig:
     sentence_windows: bool = False  # read each sentence as a window of its own (trained on single sentences)
     window_tokens: int | None = None  # the longest window read, in text tokens (None: the engine's); chosen on dev
     document_consistency: bool = False  # a name keeps one label in a text and is tagged wherever it recurs (document_consistency.py)
+    shorter_span_margin: float | None = None  # a span replaces longer ones it overlaps when this much more probable (spans.py); chosen on dev
     mask_token: str | None = None  # set by `train-diffusion`: the mask token of a masked-diffusion model
     diffusion_shift: bool = False  # a diffusion model adapted from an AR LM reads token i from column i - 1
     diffusion_causal_prompt: bool = False  # ... and keeps its prompt causal (only the answer is bidirectional)

@@ -3,16 +3,13 @@ as a token trie per text (for constrained decoding, :mod:`general_decoding.const
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
 from general_decoding.constraints import TokenTrie
 from ner_service.engine import prompts
-
-#: A unit: one CJK character, a run of other word characters, or one punctuation mark.
-UNIT = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[^\W\u3400-\u9fff\uf900-\ufaff]+|[^\w\s]")
+from ner_service.engine.spans import UNIT
 
 
 class SpanTries:

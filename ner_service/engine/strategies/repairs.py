@@ -3,7 +3,8 @@
 * With ``repair_unaligned``, an answer not in its window (or empty although the count promised
   a mention) is re-asked restricted to spans of the window (:class:`SpanTries`). A weak
   model (zh-resume-v1) writes a mention of its own rather than copying one far more often than a
-  strong one.
+  strong one. Where the re-asked answer is not kept, the stray CJK characters written before the
+  copy are dropped (:func:`without_stray_characters`).
 * With ``repair_duplicates``, a surplus copy (an answer repeated under its label more often
   than the window holds it) is re-asked with its first token banned (and within the window's
   spans with ``repair_unaligned``). Such copies mostly come from a model answering the k-th
@@ -16,6 +17,8 @@ the window, or its occurrences are taken).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from general_decoding import BannedFirstToken, Decoder, TokenConstraint, TrieConstraint, get_decoder
 from ner_service.engine.query_runners import QueryRunner
 from ner_service.engine.chunking import Window
@@ -23,7 +26,7 @@ from ner_service.engine.ner_model import NERModel
 from ner_service.engine.queries import Answer, Branch, MentionQuery, answer_of
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.span_tries import SpanTries
-from ner_service.engine.spans import occurrences
+from ner_service.engine.spans import is_cjk, occurrences
 from ner_service.engine.strategies.base import StrategyOptions
 
 #: A re-asked mention is kept when its log-probability per token is at least this: on
@@ -50,6 +53,8 @@ class Repairs:
         if tries is not None:
             redo = unaligned(windows, queries, answers)
             self._keep_confident(answers, redo, self.re_ask(runner, queries, redo, decoder, stats, tries=tries))
+            for i in unaligned(windows, queries, answers):
+                answers[i] = without_stray_characters(windows[queries[i].window_index].text, answers[i])
         if self.options.repair_duplicates:
             redo = surplus_copies(windows, queries, answers)
             banned = [answers[i].first_token for i in redo]
@@ -85,6 +90,24 @@ def unaligned(windows: list[Window], queries: list[MentionQuery], answers: list[
     """The answers that are empty or not in their window."""
     return [i for i, (query, answer) in enumerate(zip(queries, answers))
             if not answer.mention.text or not occurrences(windows[query.window_index].text, answer.mention.text)]
+
+
+def without_stray_characters(text: str, answer: Answer) -> Answer:
+    """``answer``, or where it is not in ``text``, its longest ending that is, once only CJK
+    characters are dropped from its start and at least half of it (two characters or more) is
+    left: asked for one mention, a model writing Chinese sometimes puts a stray character before
+    the copy it meant ("纳出纳" for "出纳", "新瑞士" for "瑞士"). An English answer not in the text
+    mixes two names ("Dave Sullivan" for "Mike Sullivan"): no ending of it is better."""
+    mention = answer.mention
+    if not mention.text or occurrences(text, mention.text):
+        return answer
+    length = len(mention.text)
+    for cut, char in enumerate(mention.text[:min(length // 2, length - 2)], start=1):
+        if not is_cjk(char):
+            break
+        if occurrences(text, mention.text[cut:]):
+            return replace(answer, mention=replace(mention, text=mention.text[cut:]))
+    return answer
 
 
 def surplus_copies(windows: list[Window], queries: list[MentionQuery], answers: list[Answer]) -> list[int]:
