@@ -3,13 +3,17 @@ as a token trie per text (for constrained decoding, :mod:`general_decoding.const
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
 from general_decoding.constraints import TokenTrie
 from ner_service.engine import prompts
-from ner_service.engine.spans import UNIT
+from ner_service.engine.spans import CJK
+
+#: A unit: one CJK character, a run of other word characters, or one punctuation mark.
+UNIT = re.compile(rf"[{CJK}]|[^\W{CJK}]+|[^\w\s]")
 
 
 class SpanTries:

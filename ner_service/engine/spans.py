@@ -7,10 +7,8 @@ import re
 from dataclasses import dataclass
 
 #: The CJK ideographs (unified, extension A, compatibility), as a regular-expression class body.
-_CJK = "\u3400-\u9fff\uf900-\ufaff"
-#: A unit of text: one CJK character, a run of other word characters, or one punctuation mark.
-UNIT = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")
-_CJK_CHARACTER = re.compile(f"[{_CJK}]")
+CJK = "\u3400-\u9fff\uf900-\ufaff"
+_CJK_CHARACTER = re.compile(f"[{CJK}]")
 
 
 @dataclass(frozen=True)

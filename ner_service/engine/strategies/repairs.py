@@ -53,7 +53,7 @@ class Repairs:
         if tries is not None:
             redo = unaligned(windows, queries, answers)
             self._keep_confident(answers, redo, self.re_ask(runner, queries, redo, decoder, stats, tries=tries))
-            for i in unaligned(windows, queries, answers):
+            for i in redo:  # an answer still not in its window loses its stray characters
                 answers[i] = without_stray_characters(windows[queries[i].window_index].text, answers[i])
         if self.options.repair_duplicates:
             redo = surplus_copies(windows, queries, answers)
@@ -99,13 +99,13 @@ def without_stray_characters(text: str, answer: Answer) -> Answer:
     the copy it meant ("纳出纳" for "出纳", "新瑞士" for "瑞士"). An English answer not in the text
     mixes two names ("Dave Sullivan" for "Mike Sullivan"): no ending of it is better."""
     mention = answer.mention
-    if not mention.text or occurrences(text, mention.text):
+    if not mention.text or mention.text in text:
         return answer
     length = len(mention.text)
     for cut, char in enumerate(mention.text[:min(length // 2, length - 2)], start=1):
         if not is_cjk(char):
             break
-        if occurrences(text, mention.text[cut:]):
+        if mention.text[cut:] in text:
             return replace(answer, mention=replace(mention, text=mention.text[cut:]))
     return answer
 
