@@ -10,7 +10,6 @@ import pytest
 
 from ner_service.engine import NEREngine, NERModelConfig, UnknownLabelError, default_model_for_language, shipped_model_names
 from ner_service.engine.model_loading import ModelNotFoundError
-from ner_service.engine.strategies.repairs import Repairs
 from corpora import read_conll
 from training.examples import query_answers
 
@@ -72,28 +71,6 @@ def test_the_resume_model_keeps_a_major_it_is_sure_of_and_drops_a_stray_characte
     text = "华夏控股出纳、会计；"
     (result,) = zh_engine.extract([text])
     assert {(e.start, e.end, e.label) for e in result.entities} >= {(4, 6, "TITLE"), (7, 9, "TITLE")}
-
-
-def test_a_lists_next_name_that_begins_as_a_surplus_copy_does_is_found(zh_engine: NEREngine,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Resume dev: asked for the ORGs of a list of boards, one query repeats a company another
-    query named; the query's most probable answer that leaves the copy is the list's next
-    company, which shares the copy's first token (a first-token ban would rule it out)."""
-    text = "现任上海嘉麟杰纺织品股份有限公司董事、副总经理，嘉麟杰运动用品董事、SCTJap董事、SNEuro董事、CAPAK董事、普澜特复合面料董事；"
-    replaced = []
-    other_answers = Repairs.other_answers
-
-    def recorded(self, runner, queries, answers, redo, *args, **kwargs):
-        found = other_answers(self, runner, queries, answers, redo, *args, **kwargs)
-        replaced.extend((answers[i], answer) for i, answer in zip(redo, found))
-        return found
-
-    monkeypatch.setattr(Repairs, "other_answers", recorded)
-    (result,) = zh_engine.extract([text])
-    start = text.index("SNEuro")
-    assert (start, start + 6, "ORG") in {(e.start, e.end, e.label) for e in result.entities}
-    (copy, answer), = [(c, a) for c, a in replaced if a.mention.text == "SNEuro"]
-    assert copy.mention.text != "SNEuro" and answer.tokens[0] == copy.tokens[0]
 
 
 def test_unknown_label_lists_the_chinese_models_labels(zh_engine: NEREngine) -> None:

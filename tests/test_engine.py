@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks.reencoding import ReencodingRunner, reencoding_padellm
-from general_decoding import BannedFirstToken, TokenBias, UnknownDecoderError, choose, get_decoder
+from general_decoding import TokenBias, UnknownDecoderError, choose, get_decoder
 from ner_service.engine import ExtractionStats, NEREngine, UnknownLabelError, UnknownStrategyError
 from ner_service.engine.query_runners import SharedPrefixRunner
 from ner_service.engine.model_loading import ModelNotFoundError
@@ -132,8 +132,7 @@ def _asked(engine: NEREngine, runner_name: str, text: str, labels: list[str], qu
     runner.encode([count_query_ids(engine.ner_model, label) for label in labels], ExtractionStats())
     branches = [Branch(q.window_index, q.label, q.token_ids(engine.ner_model)) for q in queries]
     out = runner.decode(branches, get_decoder("greedy"), engine.ner_model.config.max_mention_tokens, ExtractionStats())
-    plain = [answer_of(engine.ner_model, q.label, tokens, score, logprobs)
-             for q, tokens, score, logprobs in zip(queries, out.tokens, out.scores, out.token_logprobs)]
+    plain = [answer_of(engine.ner_model, q.label, tokens, score) for q, tokens, score in zip(queries, out.tokens, out.scores)]
     return windows, runner, plain
 
 
@@ -142,35 +141,23 @@ def _repairs(engine: NEREngine, **options: object) -> Repairs:
 
 
 @pytest.mark.parametrize("runner", ["shared_prefix", "reencoding"])
-def test_a_surplus_copy_becomes_the_most_probable_answer_that_leaves_it(tiny_engine: NEREngine, runner: str,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each way of leaving the copy (its first j tokens kept, the next one banned), decoded here
-    one at a time, against the repair's one batch of them all: it takes the most probable."""
+def test_surplus_duplicate_mentions_are_re_asked_with_their_first_token_banned(tiny_engine: NEREngine, runner: str,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from ner_service.engine.strategies import repairs as repairs_module
 
     text = "Peter Blackburn met Peter Blackburn and John Smith in BRUSSELS ."
     queries = [MentionQuery(0, "PER", 4, k) for k in (1, 2, 3, 4)]
     windows, asking, plain = _asked(tiny_engine, runner, text, ["PER"], queries)
     greedy, repairs = get_decoder("greedy"), _repairs(tiny_engine, repair_unaligned=False)
-    copy = plain[3]
-    assert len(copy.tokens) >= 2
+    first = [a.first_token for a in plain]
 
     def answers() -> list[Answer]:
         # "Peter Blackburn" occurs twice (both copies stay); "John Smith" once: the less probable copy is re-asked
         found = [("Peter Blackburn", -0.1), ("Peter Blackburn", -0.2), ("John Smith", -0.3), ("John Smith", -0.9)]
-        return [replace(plain[row], mention=Mention("PER", mention, logprob)) for row, (mention, logprob) in enumerate(found)]
+        return [Answer(Mention("PER", mention, logprob), first[row]) for row, (mention, logprob) in enumerate(found)]
 
-    leaving = []
-    for kept in range(len(copy.tokens)):
-        branch = Branch(0, "PER", queries[3].token_ids(tiny_engine.ner_model) + list(copy.tokens[:kept]))
-        out = asking.decode([branch], greedy, tiny_engine.ner_model.config.max_mention_tokens, ExtractionStats(),
-                            [BannedFirstToken([copy.tokens[kept]])])
-        assert out.tokens[0][:1] != [copy.tokens[kept]]
-        leaving.append((sum(copy.token_logprobs[:kept]) + out.scores[0], list(copy.tokens[:kept]) + out.tokens[0]))
-    best_logprob, best_tokens = max(leaving, key=lambda candidate: candidate[0])
-    (again,) = repairs.other_answers(asking, queries, answers(), [3], greedy, ExtractionStats())
-    assert list(again.tokens) == best_tokens and again.tokens != copy.tokens
-    assert again.mention.logprob == pytest.approx(best_logprob, abs=1e-3) and len(again.token_logprobs) == len(again.tokens)
+    (again,) = repairs.re_ask(asking, queries, [3], greedy, ExtractionStats(), [first[3]])
+    assert again.first_token != first[3]  # the first token it had is banned
     monkeypatch.setattr(repairs_module, "REPAIRED_MIN_MEAN_LOGPROB", again.mean_logprob + 0.01)
     kept = answers()
     repairs.apply(asking, windows, queries, kept, greedy, ExtractionStats())
@@ -179,12 +166,12 @@ def test_a_surplus_copy_becomes_the_most_probable_answer_that_leaves_it(tiny_eng
     repaired = answers()
     repairs.apply(asking, windows, queries, repaired, greedy, ExtractionStats())
     assert repaired[:3] == answers()[:3]
-    assert (repaired[3].mention.text, repaired[3].tokens) == (again.mention.text, again.tokens)
+    assert (repaired[3].mention.text, repaired[3].first_token) == (again.mention.text, again.first_token)
     # the cached and the re-encoding runners repair alike
     _, other, _ = _asked(tiny_engine, "reencoding" if runner == "shared_prefix" else "shared_prefix", text, ["PER"], queries)
     again = answers()
     repairs.apply(other, windows, queries, again, greedy, ExtractionStats())
-    assert again[3].mention.text == repaired[3].mention.text and again[3].tokens == repaired[3].tokens
+    assert again[3].mention.text == repaired[3].mention.text and again[3].first_token == repaired[3].first_token
     assert again[3].mention.logprob == pytest.approx(repaired[3].mention.logprob, abs=1e-3)
 
 
@@ -193,11 +180,11 @@ def test_stray_cjk_characters_before_a_copy_are_dropped_but_never_half_the_menti
     half of it (two characters or more) is left; English answers are never cut ("Dave Sullivan"
     mixes two names) and "主任" is not made "任"; an answer in the text stays as it is."""
     text = "华夏控股出纳、会计；项目负责人；任 Mike Sullivan"
-    cut = lambda answer: without_stray_characters(text, Answer(Mention("TITLE", answer, -0.5), (7,))).mention.text
+    cut = lambda answer: without_stray_characters(text, Answer(Mention("TITLE", answer, -0.5), 7)).mention.text
     assert [cut(a) for a in ("纳出纳", "总项目负责人", "项目负责人", "主任", "Dave Sullivan", "总经理会计", "")] == [
         "出纳", "项目负责人", "项目负责人", "主任", "Dave Sullivan", "总经理会计", ""]
-    kept = without_stray_characters(text, Answer(Mention("TITLE", "纳出纳", -0.5), (7, 8, 9)))
-    assert kept == Answer(Mention("TITLE", "出纳", -0.5), (7, 8, 9))
+    kept = without_stray_characters(text, Answer(Mention("TITLE", "纳出纳", -0.5), 7, 4))
+    assert kept == Answer(Mention("TITLE", "出纳", -0.5), 7, 4)
 
 
 def test_constrained_copy_drafting_answers_as_constrained_greedy(tiny_engine: NEREngine, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,7 +200,7 @@ def test_constrained_copy_drafting_answers_as_constrained_greedy(tiny_engine: NE
     drafted = _repairs(tiny_engine).re_ask(asking, queries, [0, 1, 2], get_decoder("greedy"), drafted_stats, tries=tries)
     monkeypatch.setattr(repairs_module, "CONSTRAINED_DECODER", "greedy")
     reference = _repairs(tiny_engine).re_ask(asking, queries, [0, 1, 2], get_decoder("greedy"), reference_stats, tries=tries)
-    assert [(a.mention.text, a.tokens) for a in drafted] == [(a.mention.text, a.tokens) for a in reference]
+    assert [(a.mention.text, a.first_token) for a in drafted] == [(a.mention.text, a.first_token) for a in reference]
     assert drafted_stats.forward_passes < reference_stats.forward_passes
 
 
@@ -229,8 +216,8 @@ def test_re_asked_mentions_restricted_to_the_texts_spans_are_spans_of_it(tiny_en
     assert all(a.mention.text and a.mention.text in text for a in spans)
     units = {"Peter", "Blackburn", "met", "John", "Smith", "in", "BRUSSELS", "."}
     assert all(set(a.mention.text.split()) <= units for a in spans)  # whole words only
-    others = repairs.other_answers(asking, queries, spans, [0, 1, 2], greedy, stats, tries)
-    assert all(b.tokens != a.tokens and b.mention.text in text for a, b in zip(spans, others))
+    banned = repairs.re_ask(asking, queries, [0, 1, 2], greedy, stats, [a.first_token for a in spans], tries)
+    assert all(b.first_token != a.first_token and b.mention.text in text for a, b in zip(spans, banned))
     # the cached and the re-encoding runners agree
     _, other, _ = _asked(tiny_engine, "reencoding" if runner == "shared_prefix" else "shared_prefix", text, ["PER", "LOC"], queries)
     again = repairs.re_ask(other, queries, [0, 1, 2], greedy, ExtractionStats(), tries=tries)

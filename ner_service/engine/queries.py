@@ -62,27 +62,20 @@ class Branch:
 
 @dataclass(frozen=True)
 class Answer:
-    """A mention query's answer: its mention, the tokens it was decoded as (the end token left
-    out) and each one's log-probability. A repaired mention may read less than its tokens (stray
-    characters dropped, :mod:`.strategies.repairs`)."""
+    """A mention query's answer, the first token it was decoded from (None: empty answer) and
+    how many tokens it took, its end token included."""
 
     mention: Mention
-    tokens: tuple[int, ...] = ()
-    token_logprobs: tuple[float, ...] = ()
-
-    @property
-    def length(self) -> int:
-        """How many tokens the answer took, its end token included."""
-        return len(self.tokens) + 1
+    first_token: int | None
+    length: int = 1
 
     @property
     def mean_logprob(self) -> float:
         """Log-probability per token."""
-        return self.mention.logprob / self.length
+        return self.mention.logprob / max(self.length, 1)
 
 
-def answer_of(ner_model: NERModel, label: str, tokens: list[int], score: float, token_logprobs: list[float]) -> Answer:
-    """The :class:`Answer` decoded as ``tokens`` (each of ``token_logprobs``) with sequence
-    log-probability ``score``."""
+def answer_of(ner_model: NERModel, label: str, tokens: list[int], score: float) -> Answer:
+    """The :class:`Answer` decoded as ``tokens`` with sequence log-probability ``score``."""
     text = prompts.parse_mention(ner_model.tokenizer.decode(tokens, skip_special_tokens=True))
-    return Answer(Mention(label, text, score), tuple(tokens), tuple(token_logprobs))
+    return Answer(Mention(label, text, score), tokens[0] if tokens else None, len(tokens) + 1)

@@ -130,8 +130,7 @@ class PaDeLLM(Strategy):
         if not branches:
             return [], {}
         out = runner.decode(branches, decoder, self.ner_model.config.max_mention_tokens, stats)
-        answers = [answer_of(self.ner_model, q.label, tokens, score, logprobs)
-                   for q, tokens, score, logprobs in zip(queries, out.tokens, out.scores, out.token_logprobs)]
+        answers = [answer_of(self.ner_model, q.label, tokens, score) for q, tokens, score in zip(queries, out.tokens, out.scores)]
         decode = self.ner_model.tokenizer.decode
         continued = {}
         for branch, tokens in zip(confirm, out.tokens[len(queries):]):

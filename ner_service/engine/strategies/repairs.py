@@ -6,11 +6,9 @@
   strong one. Where the re-asked answer is not kept, the stray CJK characters written before the
   copy are dropped (:func:`without_stray_characters`).
 * With ``repair_duplicates``, a surplus copy (an answer repeated under its label more often
-  than the window holds it) is replaced by the query's most probable answer that leaves the copy
-  (:meth:`Repairs.other_answers`; within the window's spans with ``repair_unaligned``). Such
-  copies mostly come from a model answering the k-th query of a list with a neighbour, which
-  often shares its first words ("支部委员" for "支部书记", "New York" for "New Jersey"), or
-  from a count too high.
+  than the window holds it) is re-asked with its first token banned (and within the window's
+  spans with ``repair_unaligned``). Such copies mostly come from a model answering the k-th
+  query of a long list with a neighbour, or from a count too high.
 
 A re-asked answer replaces the old one only when its log-probability per token reaches
 ``REPAIRED_MIN_MEAN_LOGPROB``: otherwise the old one stays, which alignment drops (it is not in
@@ -19,10 +17,9 @@ the window, or its occurrences are taken).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from general_decoding import BannedFirstToken, Decoder, TokenConstraint, TrieConstraint, get_decoder
-from general_decoding.constraints import Continued
 from ner_service.engine.query_runners import QueryRunner
 from ner_service.engine.chunking import Window
 from ner_service.engine.ner_model import NERModel
@@ -60,7 +57,8 @@ class Repairs:
                 answers[i] = without_stray_characters(windows[queries[i].window_index].text, answers[i])
         if self.options.repair_duplicates:
             redo = surplus_copies(windows, queries, answers)
-            self._keep_confident(answers, redo, self.other_answers(runner, queries, answers, redo, decoder, stats, tries))
+            banned = [answers[i].first_token for i in redo]
+            self._keep_confident(answers, redo, self.re_ask(runner, queries, redo, decoder, stats, banned, tries))
 
     @staticmethod
     def _keep_confident(answers: list[Answer], redo: list[int], again: list[Answer]) -> None:
@@ -70,66 +68,22 @@ class Repairs:
                 answers[i] = answer
 
     def re_ask(self, runner: QueryRunner, queries: list[MentionQuery], redo: list[int], decoder: Decoder, stats: ExtractionStats,
-               tries: SpanTries | None = None) -> list[Answer]:
-        """Answer the mention queries ``queries[i]`` (i in ``redo``) again; with ``tries``, each
-        answer a span of its window."""
-        return self._decode([AnswerStart(queries[i]) for i in redo], runner, decoder, stats, tries)
-
-    def other_answers(self, runner: QueryRunner, queries: list[MentionQuery], answers: list[Answer], redo: list[int],
-                      decoder: Decoder, stats: ExtractionStats, tries: SpanTries | None = None) -> list[Answer]:
-        """For each ``answers[i]`` (i in ``redo``), the most probable answer of ``queries[i]``
-        that leaves it: one branch per token of it, which keeps the tokens before that one and
-        bans that one, decoded on greedily (all in one batch); the branch whose whole answer is
-        the most probable wins. Banning only the first token would lose the list's next item
-        where it begins as the copy does. With ``tries``, each answer is a span of its window."""
-        starts = [AnswerStart(queries[i], answers[i], kept) for i in redo for kept in range(len(answers[i].tokens))]
-        found = iter(self._decode(starts, runner, decoder, stats, tries))
-        best: list[Answer] = []
-        for i in redo:
-            candidates = [next(found) for _ in answers[i].tokens]
-            best.append(max(candidates, key=lambda answer: answer.mention.logprob, default=answers[i]))
-        return best
-
-    def _decode(self, starts: list[AnswerStart], runner: QueryRunner, decoder: Decoder, stats: ExtractionStats,
-                tries: SpanTries | None) -> list[Answer]:
-        """Each start's whole answer: its kept tokens, then decoded (the first token decoded never
-        the one it bans; with ``tries``, within its window's spans, by :data:`CONSTRAINED_DECODER`)."""
-        if not starts:
+               banned: list[int | None] | None = None, tries: SpanTries | None = None) -> list[Answer]:
+        """Answer the mention queries ``queries[i]`` (i in ``redo``) again, the j-th one's first
+        answer token never ``banned[j]`` and, with ``tries``, its answer a span of its window
+        (decoded by :data:`CONSTRAINED_DECODER`)."""
+        if not redo:
             return []
+        asked = [queries[i] for i in redo]
         constraints: list[TokenConstraint] = []
-        if any(start.banned is not None for start in starts):
-            constraints.append(BannedFirstToken([start.banned for start in starts]))
+        if banned is not None:
+            constraints.append(BannedFirstToken(banned))
         if tries is not None:
-            spans = TrieConstraint([tries[start.query.window_index] for start in starts])
-            constraints.append(Continued(spans, range(len(starts)), [start.tokens for start in starts]))
+            constraints.append(TrieConstraint([tries[q.window_index] for q in asked]))
             decoder = get_decoder(CONSTRAINED_DECODER)
-        branches = [Branch(s.query.window_index, s.query.label, s.query.token_ids(self.ner_model) + list(s.tokens)) for s in starts]
+        branches = [Branch(q.window_index, q.label, q.token_ids(self.ner_model)) for q in asked]
         out = runner.decode(branches, decoder, self.ner_model.config.max_mention_tokens, stats, constraints)
-        return [answer_of(self.ner_model, start.query.label, list(start.tokens) + tokens, sum(start.token_logprobs) + score,
-                          list(start.token_logprobs) + logprobs)
-                for start, tokens, score, logprobs in zip(starts, out.tokens, out.scores, out.token_logprobs)]
-
-
-@dataclass(frozen=True)
-class AnswerStart:
-    """Where a mention query is answered again: after the first ``kept`` tokens of an earlier
-    ``answer``, the next one of it banned (no answer: from the start, nothing banned)."""
-
-    query: MentionQuery
-    answer: Answer | None = None
-    kept: int = 0
-
-    @property
-    def tokens(self) -> tuple[int, ...]:
-        return self.answer.tokens[: self.kept] if self.answer is not None else ()
-
-    @property
-    def token_logprobs(self) -> tuple[float, ...]:
-        return self.answer.token_logprobs[: self.kept] if self.answer is not None else ()
-
-    @property
-    def banned(self) -> int | None:
-        return self.answer.tokens[self.kept] if self.answer is not None else None
+        return [answer_of(self.ner_model, q.label, tokens, score) for q, tokens, score in zip(asked, out.tokens, out.scores)]
 
 
 def unaligned(windows: list[Window], queries: list[MentionQuery], answers: list[Answer]) -> list[int]:
