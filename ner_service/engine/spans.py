@@ -140,10 +140,10 @@ def resolve_overlaps(entities: list[Entity], shorter_span_margin: float | None =
     kept: list[Entity] = []
     for entity in sorted(entities, key=lambda e: (e.start - e.end, -e.score, e.start)):
         overlapped = [o for o in kept if _overlaps(o, entity.start, entity.end)]
-        if overlapped and shorter_span_margin is not None and _more_probable_than_longer(entity, entities, shorter_span_margin):
+        if overlapped:
+            if shorter_span_margin is None or not _more_probable_than_longer(entity, entities, shorter_span_margin):
+                continue
             kept = [o for o in kept if o not in overlapped]
-        elif overlapped:
-            continue
         kept.append(entity)
     return sorted(kept, key=lambda e: (e.start, e.end, e.label))
 
