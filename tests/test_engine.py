@@ -15,6 +15,7 @@ from ner_service.engine.model_loading import ModelNotFoundError
 from ner_service.engine.queries import Answer, Branch, MentionQuery, answer_of, count_query_ids
 from ner_service.engine.span_tries import SpanTries
 from ner_service.engine.spans import Mention
+from ner_service.engine.strategies.padellm import PaDeLLM
 from ner_service.engine.strategies.repairs import Repairs, without_stray_characters
 from tests.entity_lists import assert_same_entities
 
@@ -173,6 +174,86 @@ def test_surplus_duplicate_mentions_are_re_asked_with_their_first_token_banned(t
     repairs.apply(other, windows, queries, again, greedy, ExtractionStats())
     assert again[3].mention.text == repaired[3].mention.text and again[3].first_token == repaired[3].first_token
     assert again[3].mention.logprob == pytest.approx(repaired[3].mention.logprob, abs=1e-3)
+
+
+def test_a_model_trained_with_past_count_queries_is_asked_one_mention_past_every_count(tiny_engine: NEREngine) -> None:
+    """For such a model PaDeLLM asks each (window, label) for the k-th mentions up to its count
+    and one more, under a count of 0 too; for any other model only up to the count."""
+    asked: list[list[int]] = []
+
+    class Recording(SharedPrefixRunner):
+        def decode(self, branches, decoder, max_new_tokens, stats, constraints=()):
+            asked.extend(b.tokens for b in branches)
+            return super().decode(branches, decoder, max_new_tokens, stats, constraints)
+
+    text, labels = "Peter Blackburn met John Smith in BRUSSELS .", ["LOC", "MISC", "ORG", "PER"]
+
+    def queries_asked(answers_past_count: bool) -> tuple[dict[str, int], set[tuple[str, int, int]]]:
+        model = replace(tiny_engine.ner_model, config=replace(tiny_engine.ner_model.config, answers_past_count=answers_past_count))
+        strategy = PaDeLLM(model, replace(tiny_engine.strategy_options(), repair_duplicates=False), runner=lambda m, w, _: Recording(m, w))
+        windows = tiny_engine.windows([text])
+        asked.clear()
+        runner = SharedPrefixRunner(model, windows)
+        counts, _ = strategy._counts(runner, windows, labels, ExtractionStats())
+        strategy.mentions(windows, labels, get_decoder("greedy"), ExtractionStats())
+        every = {(label, n, k) for label in labels for n in range(10) for k in range(1, 11)}
+        found = {key for key in every if MentionQuery(0, key[0], key[1], key[2]).token_ids(model) in asked}
+        return {key.label: n for key, n in counts.items()}, found
+
+    counts, plain = queries_asked(False)
+    assert plain == {(label, n, k) for label, n in counts.items() for k in range(1, n + 1)}
+    counts, past = queries_asked(True)
+    assert past == {(label, n, k) for label, n in counts.items() for k in range(1, n + 2)}
+    assert len(past) == len(plain) + len(labels)
+
+
+def test_an_empty_answer_is_re_asked_unless_the_model_was_trained_to_answer_nothing_past_its_count(
+        tiny_engine: NEREngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for the third of three PER, an answer of nothing is a lost mention to a model that
+    was never taught to say so (re-asked within the text's spans), and the model's word to one
+    trained with past-count queries (``answers_past_count``: kept); an answer not in the text is
+    re-asked for both."""
+    from ner_service.engine.strategies import repairs as repairs_module
+
+    monkeypatch.setattr(repairs_module, "REPAIRED_MIN_MEAN_LOGPROB", float("-inf"))  # every re-asked answer is kept
+    text = "Peter Blackburn met John Smith in BRUSSELS ."
+    queries = [MentionQuery(0, "PER", 3, k) for k in (1, 2, 3)]
+    windows, asking, _ = _asked(tiny_engine, "shared_prefix", text, ["PER"], queries)
+    greedy = get_decoder("greedy")
+
+    def repaired(answers_past_count: bool) -> list[str]:
+        model = replace(tiny_engine.ner_model, config=replace(tiny_engine.ner_model.config, answers_past_count=answers_past_count))
+        answers = [Answer(Mention("PER", "Peter Blackburn", -0.1), 1), Answer(Mention("PER", "Jon Smyth", -0.5), 2), Answer(Mention("PER", "", -0.2), None)]
+        Repairs(model, replace(tiny_engine.strategy_options(), repair_unaligned=True, repair_duplicates=False)).apply(
+            asking, windows, queries, answers, greedy, ExtractionStats())
+        return [a.mention.text for a in answers]
+
+    untaught, taught = repaired(False), repaired(True)
+    assert untaught[0] == taught[0] == "Peter Blackburn"
+    assert untaught[1] in text and taught[1] in text and untaught[1] and taught[1]  # re-asked within the text's spans
+    assert untaught[2] and untaught[2] in text
+    assert taught[2] == ""
+
+
+def test_a_copy_answering_past_the_count_is_not_re_asked(tiny_engine: NEREngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second "John Smith" where the text holds one: re-asked (first token banned) when its
+    query is within the count, left to alignment (which drops it) when it asks past the count."""
+    from ner_service.engine.strategies import repairs as repairs_module
+
+    monkeypatch.setattr(repairs_module, "REPAIRED_MIN_MEAN_LOGPROB", float("-inf"))  # every re-asked answer is kept
+    text = "Peter Blackburn met John Smith in BRUSSELS ."
+    greedy = get_decoder("greedy")
+
+    def repaired(queries: list[MentionQuery]) -> list[Answer]:
+        windows, asking, plain = _asked(tiny_engine, "shared_prefix", text, ["PER"], queries)
+        answers = [Answer(Mention("PER", "John Smith", -0.1), plain[0].first_token), Answer(Mention("PER", "John Smith", -0.5), plain[0].first_token)]
+        _repairs(tiny_engine, repair_unaligned=False).apply(asking, windows, queries, answers, greedy, ExtractionStats())
+        return answers
+
+    within = repaired([MentionQuery(0, "PER", 2, 1), MentionQuery(0, "PER", 2, 2)])
+    past = repaired([MentionQuery(0, "PER", 1, 1), MentionQuery(0, "PER", 1, 2)])
+    assert within[1].first_token != within[0].first_token  # re-asked with its first token banned
+    assert past[1] == Answer(Mention("PER", "John Smith", -0.5), within[0].first_token)
 
 
 def test_stray_cjk_characters_before_a_copy_are_dropped_but_never_half_the_mention() -> None:

@@ -48,6 +48,38 @@ def test_targets_are_exactly_the_answers(tiny_engine) -> None:
                                   for qa in query_answers(EXAMPLE, ["LOC", "PER"], ["padellm"]))
     assert len(row) < laid_apart  # PER's mention queries share its count query's tokens
 
+def test_past_count_queries_answer_a_count_one_short_and_nothing_past_the_count(tiny_engine) -> None:
+    tokenizer = tiny_engine.ner_model.tokenizer
+    pairs = [(qa.query, qa.answer) for qa in query_answers(EXAMPLE, ["LOC", "MISC", "PER"], ["padellm"], past_count=True)]
+    assert pairs == [
+        (prompts.count_query("LOC"), "1"),
+        (prompts.mention_query("LOC", 1, 1), " Paris"),
+        (prompts.mention_query("LOC", 0, 1), " Paris"),
+        (prompts.mention_query("LOC", 1, 2), ""),
+        (prompts.count_query("MISC"), "0"),
+        (prompts.mention_query("MISC", 0, 1), ""),
+        (prompts.count_query("PER"), "2"),
+        (prompts.mention_query("PER", 2, 1), " Peter"),
+        (prompts.mention_query("PER", 2, 2), " Anna"),
+        (prompts.mention_query("PER", 1, 2), " Anna"),
+        (prompts.mention_query("PER", 2, 3), ""),
+    ]
+    row = build_row(EXAMPLE, ["MISC"], tokenizer, ["padellm"], past_count=True)
+    prefix = tokenizer(prompts.prefix(EXAMPLE.text)).input_ids
+    count_query = tokenizer(prompts.count_query("MISC"), add_special_tokens=False).input_ids
+    past_query = tokenizer(prompts.mention_query("MISC", 0, 1), add_special_tokens=False).input_ids
+    assert [t for t in row.targets if t != IGNORE] == tokenizer("0", add_special_tokens=False).input_ids + [tokenizer.eos_token_id] * 2
+    shared = len(count_query)
+    assert past_query[:shared] == count_query  # the past-count query continues the count query's branch
+    # the past-count branch: its query's last token predicts the end token, and its tokens
+    # followed back through their parents are the query's after the count query's
+    end = next(i for i in range(len(prefix), len(row)) if row.targets[i] == tokenizer.eos_token_id and row.input_ids[i] == past_query[-1])
+    branch = [end]
+    while len(branch) < len(past_query) - shared:
+        branch.insert(0, row.parents[branch[0]])
+    assert [row.input_ids[i] for i in branch] == past_query[shared:]
+    assert row.input_ids[row.parents[branch[0]]] == count_query[-1]
+
 
 def test_packed_loss_equals_the_loss_of_separate_sequences(tiny_engine) -> None:
     model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer

@@ -60,6 +60,10 @@ class TrainConfig:
     #: Texts with a label of at least ``hard_count_min`` mentions are seen this many times an epoch.
     hard_count_repeat: int = 1
     hard_count_min: int = 3
+    #: Also ask each label for the mention one past the count its query states: under a count
+    #: one short its last mention, under its count nothing (:func:`training.examples.query_answers`);
+    #: the engine then asks it of every count (``answers_past_count`` in ``ner_model.json``).
+    past_count_queries: bool = False
     #: The loss's softmax spans only the tokens of the training rows and single characters
     #: (saved as ``kept_vocabulary.json``): Gemma 3's 262k-token head is most of a step otherwise.
     kept_vocabulary: bool = False

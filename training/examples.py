@@ -51,9 +51,14 @@ class QueryAnswer:
     kind: str
 
 
-def query_answers(example: Example, labels: Sequence[str], formats: Sequence[str], names: Mapping[str, str] | None = None) -> list[QueryAnswer]:
+def query_answers(example: Example, labels: Sequence[str], formats: Sequence[str], names: Mapping[str, str] | None = None,
+                  past_count: bool = False) -> list[QueryAnswer]:
     """The queries of one text in the requested formats with their answers; ``names`` maps a
-    label to how prompts write it (the label itself when absent)."""
+    label to how prompts write it (the label itself when absent). With ``past_count``, each label
+    is also asked for the mention one past the count its query states: under a count one short,
+    its last mention (``PER count:1\nPER 2:`` answered " Anna"), under its count, nothing
+    (``PER count:2\nPER 3:``): the question the engine adds to every count, so that a count one
+    too low loses no mention."""
     names = names or {}
     found: list[QueryAnswer] = []
     if "padellm" in formats:
@@ -62,6 +67,10 @@ def query_answers(example: Example, labels: Sequence[str], formats: Sequence[str
             found.append(QueryAnswer(prompts.count_query(shown), prompts.count_answer(len(mentions)), "count"))
             for k, mention in enumerate(mentions, start=1):
                 found.append(QueryAnswer(prompts.mention_query(shown, len(mentions), k), prompts.mention_answer(mention), "mention"))
+            if past_count:
+                if mentions:
+                    found.append(QueryAnswer(prompts.mention_query(shown, len(mentions) - 1, len(mentions)), prompts.mention_answer(mentions[-1]), "mention"))
+                found.append(QueryAnswer(prompts.mention_query(shown, len(mentions), len(mentions) + 1), prompts.no_mention_answer(), "mention"))
     if "ar" in formats:
         wanted = set(labels)
         ordered = [(names.get(s.label, s.label), example.text[s.start:s.end]) for s in example.spans if s.label in wanted]
@@ -76,17 +85,18 @@ def build_row(
     formats: Sequence[str] = FORMATS,
     names: Mapping[str, str] | None = None,
     loss_weights: Mapping[str, float] | None = None,
+    past_count: bool = False,
 ) -> TrainingRow:
     """Pack all of ``example``'s queries behind its prefix, those that begin alike sharing their
     first tokens; ``loss_weights`` (by query kind, missing kinds 1) weigh their answers' tokens
-    in the loss."""
+    in the loss; ``past_count`` as in :func:`query_answers`."""
     unknown = set(formats) - set(FORMATS)
     if unknown:
         raise ValueError(f"unknown format(s) {sorted(unknown)}; choose from {FORMATS}")
     eos = tokenizer.eos_token_id
     prefix = tokenizer(prompts.prefix(example.text)).input_ids
     branches, answer_starts, kinds = [], [], []
-    for qa in query_answers(example, labels, formats, names):
+    for qa in query_answers(example, labels, formats, names, past_count):
         query_ids = tokenizer(qa.query, add_special_tokens=False).input_ids
         answer_ids = tokenizer(qa.answer, add_special_tokens=False).input_ids + [eos]
         branches.append(query_ids + answer_ids)

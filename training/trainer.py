@@ -131,7 +131,7 @@ def _ner_config(config: TrainConfig, labels: list[str], tokenizer: PreTrainedTok
     return NERModelConfig(
         name=config.name, labels=labels, base=SELF_CONTAINED if config.full else config.base, language=config.language,
         eos_token=tokenizer.eos_token, label_names=dict(config.label_names), sentence_windows=sentence_windows,
-        window_tokens=config.window_tokens, **choices,
+        window_tokens=config.window_tokens, answers_past_count=config.past_count_queries, **choices,
     )
 
 
@@ -183,7 +183,7 @@ def train(config: TrainConfig) -> dict:
         train_examples += document_windows(config.train, lambda piece: prompts.text_token_count(tokenizer, piece),
                                            ner_config.window_tokens or MAX_WINDOW_TOKENS, windows, config.seed)
     train_examples = oversample_hard_counts(train_examples, labels, config.hard_count_min, config.hard_count_repeat)
-    rows = [build_row(e, labels, tokenizer, config.formats, config.label_names, config.loss_weights or None)
+    rows = [build_row(e, labels, tokenizer, config.formats, config.label_names, config.loss_weights or None, config.past_count_queries)
             for e in tqdm(train_examples, desc="build rows", unit="text")]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     vocabulary = KeptVocabulary.of((t for r in rows for t in r.input_ids), tokenizer) if config.kept_vocabulary else None

@@ -58,6 +58,12 @@ def mention_answer(mention: str) -> str:
     return f" {mention}"
 
 
+def no_mention_answer() -> str:
+    """Answer to a :func:`mention_query` whose ``index``-th mention the text does not hold:
+    nothing, so the answer is the end token alone."""
+    return ""
+
+
 def parse_mention(answer: str) -> str:
     """The mention in a generated answer."""
     return answer.strip()

@@ -31,14 +31,22 @@ class MentionQuery:
     def window_label(self) -> WindowLabel:
         return WindowLabel(self.window_index, self.label)
 
+    @property
+    def past_count(self) -> bool:
+        """Whether it asks past its count (:func:`mention_queries` with ``past_count``)."""
+        return self.k > self.count
+
     def token_ids(self, ner_model: NERModel) -> list[int]:
         shown = ner_model.config.prompt_name(self.label)
         return prompts.query_ids(ner_model.tokenizer, prompts.mention_query(shown, self.count, self.k))
 
 
-def mention_queries(counts: dict[WindowLabel, int]) -> list[MentionQuery]:
-    """One query per k of each (window, label) count."""
-    return [MentionQuery(key.window_index, key.label, n, k) for key, n in counts.items() for k in range(1, n + 1)]
+def mention_queries(counts: dict[WindowLabel, int], past_count: bool = False) -> list[MentionQuery]:
+    """One query per k of each (window, label) count; with ``past_count``, also the one past it
+    (a model trained with past-count queries answers it with the mention a count one short left
+    out, or with nothing)."""
+    past = 1 if past_count else 0
+    return [MentionQuery(key.window_index, key.label, n, k) for key, n in counts.items() for k in range(1, n + 1 + past)]
 
 
 def count_query_ids(ner_model: NERModel, label: str) -> list[int]:

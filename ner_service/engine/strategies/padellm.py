@@ -12,7 +12,9 @@ For a batch of windows:
    only when every label of every window is a hit, and a batch's extra tokens cost their price;
 2. one batch of mention queries, one branch per (window, label, k), each continuing its label's
    cached count branch; the same batch decodes the rest of each count (normally its end token)
-   to confirm it: a longer count re-asks that label's mentions;
+   to confirm it: a longer count re-asks that label's mentions. A model trained with past-count
+   queries (``answers_past_count``) is also asked, for every count (0 too), the mention one past
+   it: the one a count one too low left out, or nothing;
 3. the answers that offset alignment would lose are re-asked (:mod:`.repairs`).
 """
 
@@ -57,7 +59,8 @@ class PaDeLLM(Strategy):
             counts, confirm = self._counts(runner, windows, labels, stats)
         # The count's remaining digits (usually just the end token) are decoded in the same
         # batch as the mention queries, which assume the count is complete.
-        queries = mention_queries(counts)
+        past_count = self.ner_model.config.answers_past_count
+        queries = mention_queries(counts, past_count)
         with stats.phase("mention"):
             answers, continued = self._ask(runner, queries, confirm, decoder, stats)
             # rare: a count of several tokens; ask that label's mentions again, at most one per
@@ -66,7 +69,7 @@ class PaDeLLM(Strategy):
             if longer:
                 kept = [i for i, q in enumerate(queries) if q.window_label not in longer]
                 queries, answers = [queries[i] for i in kept], [answers[i] for i in kept]
-                again = mention_queries(longer)
+                again = mention_queries(longer, past_count)
                 queries += again
                 answers += self._ask(runner, again, [], decoder, stats)[0]
         with stats.phase("repair"):
@@ -108,8 +111,8 @@ class PaDeLLM(Strategy):
 
     def _counts(self, runner: QueryRunner, windows: list[Window], labels: list[str],
                 stats: ExtractionStats) -> tuple[dict[WindowLabel, int], list[Branch]]:
-        """Each (window, label)'s count from its first token (0 left out), and the branches that
-        confirm each count (its query and that token: what follows must be the end token)."""
+        """Each (window, label)'s count from its first token, and the branches that confirm each
+        count above 0 (its query and that token: what follows must be the end token)."""
         first = self.biased(self.count_log_probs(runner, windows, labels, stats), labels).argmax(-1).tolist()
         decode = self.ner_model.tokenizer.decode
         counts: dict[WindowLabel, int] = {}
@@ -117,8 +120,8 @@ class PaDeLLM(Strategy):
         keys = [WindowLabel(w, label) for w in range(len(windows)) for label in labels]
         for key, token in zip(keys, first):
             count = prompts.parse_count(decode([token], skip_special_tokens=True)) or 0
+            counts[key] = count
             if count:
-                counts[key] = count
                 confirm.append(Branch(key.window_index, key.label, count_query_ids(self.ner_model, key.label) + [token]))
         return counts, confirm
 

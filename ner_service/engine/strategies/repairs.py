@@ -1,14 +1,16 @@
 """PaDeLLM's repairs: the mention answers that offset alignment would lose are asked again.
 
 * With ``repair_unaligned``, an answer not in its window (or empty although the count promised
-  a mention) is re-asked restricted to spans of the window (:class:`SpanTries`). A weak
+  a mention, from a model not trained to answer nothing) is re-asked restricted to spans of the
+  window (:class:`SpanTries`). A weak
   model (zh-resume-v1) writes a mention of its own rather than copying one far more often than a
   strong one. Where the re-asked answer is not kept, the stray CJK characters written before the
   copy are dropped (:func:`without_stray_characters`).
 * With ``repair_duplicates``, a surplus copy (an answer repeated under its label more often
   than the window holds it) is re-asked with its first token banned (and within the window's
   spans with ``repair_unaligned``). Such copies mostly come from a model answering the k-th
-  query of a long list with a neighbour, or from a count too high.
+  query of a long list with a neighbour, or from a count too high. A copy answering the query
+  past a count (``answers_past_count``) is not re-asked: the model found no mention more.
 
 A re-asked answer replaces the old one only when its log-probability per token reaches
 ``REPAIRED_MIN_MEAN_LOGPROB``: otherwise the old one stays, which alignment drops (it is not in
@@ -51,12 +53,12 @@ class Repairs:
         tries = SpanTries(self.ner_model.tokenizer, [w.text for w in windows], self.ner_model.eos_token_id,
                           self.ner_model.config.max_mention_tokens) if self.options.repair_unaligned else None
         if tries is not None:
-            redo = unaligned(windows, queries, answers)
+            redo = unaligned(windows, queries, answers, self.ner_model.config.answers_past_count)
             self._keep_confident(answers, redo, self.re_ask(runner, queries, redo, decoder, stats, tries=tries))
             for i in redo:  # an answer still not in its window loses its stray characters
                 answers[i] = without_stray_characters(windows[queries[i].window_index].text, answers[i])
         if self.options.repair_duplicates:
-            redo = surplus_copies(windows, queries, answers)
+            redo = [i for i in surplus_copies(windows, queries, answers) if not queries[i].past_count]
             banned = [answers[i].first_token for i in redo]
             self._keep_confident(answers, redo, self.re_ask(runner, queries, redo, decoder, stats, banned, tries))
 
@@ -86,10 +88,12 @@ class Repairs:
         return [answer_of(self.ner_model, q.label, tokens, score) for q, tokens, score in zip(asked, out.tokens, out.scores)]
 
 
-def unaligned(windows: list[Window], queries: list[MentionQuery], answers: list[Answer]) -> list[int]:
-    """The answers that are empty or not in their window."""
+def unaligned(windows: list[Window], queries: list[MentionQuery], answers: list[Answer], empty_is_an_answer: bool = False) -> list[int]:
+    """The answers that are not in their window, and the empty ones unless ``empty_is_an_answer``
+    (a model trained to answer nothing when asked past the text's count means it)."""
     return [i for i, (query, answer) in enumerate(zip(queries, answers))
-            if not answer.mention.text or not occurrences(windows[query.window_index].text, answer.mention.text)]
+            if (not answer.mention.text and not empty_is_an_answer)
+            or (answer.mention.text and not occurrences(windows[query.window_index].text, answer.mention.text))]
 
 
 def without_stray_characters(text: str, answer: Answer) -> Answer:
