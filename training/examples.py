@@ -68,9 +68,10 @@ def query_answers(example: Example, labels: Sequence[str], formats: Sequence[str
             for k, mention in enumerate(mentions, start=1):
                 found.append(QueryAnswer(prompts.mention_query(shown, len(mentions), k), prompts.mention_answer(mention), "mention"))
             if past_count:
+                n = len(mentions)
                 if mentions:
-                    found.append(QueryAnswer(prompts.mention_query(shown, len(mentions) - 1, len(mentions)), prompts.mention_answer(mentions[-1]), "mention"))
-                found.append(QueryAnswer(prompts.mention_query(shown, len(mentions), len(mentions) + 1), prompts.no_mention_answer(), "mention"))
+                    found.append(QueryAnswer(prompts.mention_query(shown, n - 1, n), prompts.mention_answer(mentions[-1]), "mention"))
+                found.append(QueryAnswer(prompts.mention_query(shown, n, n + 1), prompts.no_mention_answer(), "mention"))
     if "ar" in formats:
         wanted = set(labels)
         ordered = [(names.get(s.label, s.label), example.text[s.start:s.end]) for s in example.spans if s.label in wanted]

@@ -45,8 +45,7 @@ def mention_queries(counts: dict[WindowLabel, int], past_count: bool = False) ->
     """One query per k of each (window, label) count; with ``past_count``, also the one past it
     (a model trained with past-count queries answers it with the mention a count one short left
     out, or with nothing)."""
-    past = 1 if past_count else 0
-    return [MentionQuery(key.window_index, key.label, n, k) for key, n in counts.items() for k in range(1, n + 1 + past)]
+    return [MentionQuery(key.window_index, key.label, n, k) for key, n in counts.items() for k in range(1, n + 1 + int(past_count))]
 
 
 def count_query_ids(ner_model: NERModel, label: str) -> list[int]:

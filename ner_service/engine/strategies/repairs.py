@@ -2,9 +2,8 @@
 
 * With ``repair_unaligned``, an answer not in its window (or empty although the count promised
   a mention, from a model not trained to answer nothing) is re-asked restricted to spans of the
-  window (:class:`SpanTries`). A weak
-  model (zh-resume-v1) writes a mention of its own rather than copying one far more often than a
-  strong one. Where the re-asked answer is not kept, the stray CJK characters written before the
+  window (:class:`SpanTries`). A weak model (zh-resume-v1) writes a mention of its own rather
+  than copying one far more often than a strong one. Where the re-asked answer is not kept, the stray CJK characters written before the
   copy are dropped (:func:`without_stray_characters`).
 * With ``repair_duplicates``, a surplus copy (an answer repeated under its label more often
   than the window holds it) is re-asked with its first token banned (and within the window's
@@ -92,8 +91,7 @@ def unaligned(windows: list[Window], queries: list[MentionQuery], answers: list[
     """The answers that are not in their window, and the empty ones unless ``empty_is_an_answer``
     (a model trained to answer nothing when asked past the text's count means it)."""
     return [i for i, (query, answer) in enumerate(zip(queries, answers))
-            if (not answer.mention.text and not empty_is_an_answer)
-            or (answer.mention.text and not occurrences(windows[query.window_index].text, answer.mention.text))]
+            if (not occurrences(windows[query.window_index].text, answer.mention.text) if answer.mention.text else not empty_is_an_answer)]
 
 
 def without_stray_characters(text: str, answer: Answer) -> Answer:
