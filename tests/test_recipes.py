@@ -88,12 +88,15 @@ def test_the_gemma_english_recipe_holds_its_model_cards_stages(small_data: Path,
 
 
 def test_the_resume_recipe_holds_its_model_cards_stages(small_data: Path, tmp_path: Path) -> None:
-    """Stage 1 fully fine-tunes the top layers of zh-resume-v2 merged, stage 2 stores the change from
-    Gemma 3 270M in 25 MB and chooses the count biases (the card's run: ``recipe.json``, ``training.json``)."""
+    """Stage 1 fully fine-tunes the top layers of zh-resume-v3 merged with the question past the
+    count, stage 2 stores the change from Gemma 3 270M in 25 MB and chooses the count biases (the
+    card's run: ``recipe.json``, ``training.json``)."""
     recipe = load_recipe("zh-resume")
     tuned, stored = stage_configs(recipe, RecipeRun(small_data, tmp_path / "out"))
-    assert (tuned.base, tuned.full, tuned.top_layers, tuned.kept_vocabulary) == ("zh-resume-v2", True, 9, True)
-    assert load_recipe("zh-resume-v2").stages[0].settings["base"] == "zh-resume-v1"  # the chain the card names
+    assert (tuned.base, tuned.full, tuned.top_layers, tuned.kept_vocabulary, tuned.past_count_queries) == ("zh-resume-v3", True, 9, True, True)
+    chain = [load_recipe(name).stages[0].settings["base"] for name in ("zh-resume-v3", "zh-resume-v2")]
+    assert chain == ["zh-resume-v2", "zh-resume-v1"]  # the chain the card names
+    assert json.loads((SHIPPED / "zh-resume" / "ner_model.json").read_text())["answers_past_count"] is True
     assert stored.model == tuned.output and (stored.base, stored.max_megabytes, stored.calibrate_counts) == ("gemma3-270m", 25, True)
     assert json.loads((SHIPPED / "zh-resume" / "recipe.json").read_text())["stages"] == recipe.model_dump()["stages"]
     shipped = json.loads((SHIPPED / "zh-resume" / "training.json").read_text())
