@@ -76,8 +76,8 @@ class PaDeLLM(Strategy):
             Repairs(self.ner_model, self.options).apply(runner, windows, queries, answers, decoder, stats)
         found: list[list[Mention]] = [[] for _ in windows]
         for query, answer in zip(queries, answers):
-            if query.past_count and not answer.mention.text:
-                continue  # nothing past the count: no mention, so none left unmatched
+            if past_count and not answer.mention.text:
+                continue  # such a model's "nothing" (as repairs.unaligned reads it): no mention, none unmatched
             found[query.window_index].append(answer.mention)
         return found
 
