@@ -45,7 +45,7 @@ class ReencodingRunner:
         (or shares a cache) hands constrained branches to greedy."""
         if constraints and not decoder.supports_constraints:
             decoder = get_decoder("greedy")
-        stop = StopCriteria(max_new_tokens, self.ner_model.stop_token_ids)
+        stop = StopCriteria(max_new_tokens, self.ner_model.query_stop_token_ids)
         rows = [self.prefixes[b.window_index] + b.tokens for b in branches]
 
         def inputs(group: list[int]) -> GroupInputs:

@@ -62,11 +62,12 @@ def test_a_start_between_the_grid_steps_is_kept_when_nothing_beats_it() -> None:
 
 
 @pytest.mark.parametrize("bias", [0.0, {"ORG": 1.5, "MISC": 1.0}])
-def test_the_engine_counts_as_the_calibration_predicts(en_engine: NEREngine, data_dir: Path, bias) -> None:
+def test_the_engine_counts_as_the_calibration_predicts(smollm2_en_engine: NEREngine, data_dir: Path, bias) -> None:
     """The counts the calibration derives from one forward are the counts the engine then asks
-    mentions for: the number of answers per (text, label), recorded before alignment."""
+    mentions for: the number of answers per (text, label), recorded before alignment (of a model
+    that is not asked past its counts)."""
     examples = read_corpus(data_dir / "conll2003" / "dev.txt")[:16]  # one engine batch: the recorder's text indices are the batch's
-    engine = NEREngine(en_engine.ner_model, count_bias=bias)
+    engine = NEREngine(smollm2_en_engine.ner_model, count_bias=bias)
     scores = count_scores(engine, examples, progress=False)
     assert len(scores.labels) == len(engine.windows([e.text for e in examples])) * 4
     recorder = RecordingStrategy(engine.strategy("padellm"))

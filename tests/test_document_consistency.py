@@ -71,12 +71,12 @@ def test_names_found_once_are_left_as_they_are() -> None:
     assert consistent_entities(text, found) == found
 
 
-def test_the_engine_keeps_a_documents_names_consistent_where_the_model_says_so(en_engine: NEREngine, data_dir: Path) -> None:
-    assert en_engine.document_consistency  # the shipped English model's ner_model.json
+def test_the_engine_keeps_a_documents_names_consistent_where_the_model_says_so(smollm2_en_engine: NEREngine, data_dir: Path) -> None:
+    assert smollm2_en_engine.document_consistency  # the SmolLM2 English model's ner_model.json
     # the document of the coach of Nice (the club), which the model calls PER in one sentence
     document = next(d for d in read_conll_documents(data_dir / "conll2003" / "dev.txt") if "BARATELLI TO COACH NICE" in d.text)
-    (window_by_window,) = NEREngine(en_engine.ner_model, document_consistency=False).extract([document.text])
-    (consistent,) = en_engine.extract([document.text])
+    (window_by_window,) = NEREngine(smollm2_en_engine.ner_model, document_consistency=False).extract([document.text])
+    (consistent,) = smollm2_en_engine.extract([document.text])
     assert {e.label for e in window_by_window.entities if e.text == "Nice"} == {"ORG", "PER"}, "the document no longer exercises the rule"
     assert consistent.entities == consistent_entities(document.text, window_by_window.entities)
     assert {e.label for e in consistent.entities if e.text == "Nice"} == {"ORG"}

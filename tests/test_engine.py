@@ -306,11 +306,28 @@ def test_re_asked_mentions_restricted_to_the_texts_spans_are_spans_of_it(tiny_en
     assert [a.mention.logprob for a in again] == pytest.approx([a.mention.logprob for a in spans], abs=1e-3)
 
 
-def test_a_neighbour_answered_twice_is_recovered(en_engine: NEREngine) -> None:
-    """On the shipped model, one PER query of this list answers a neighbour of Stuart Law (a dev sentence)."""
+def test_a_neighbour_answered_twice_is_recovered(smollm2_en_engine: NEREngine) -> None:
+    """On the SmolLM2 model, one PER query of this list answers a neighbour of Stuart Law (a dev sentence)."""
     text = "Flemming , Jason Gillespie , Stuart Law , Glenn McGrath , Ricky"
-    plain = NEREngine(en_engine.ner_model, repair_duplicates=False).extract([text])[0]
-    (repaired,) = en_engine.extract([text])
+    plain = NEREngine(smollm2_en_engine.ner_model, repair_duplicates=False).extract([text])[0]
+    (repaired,) = smollm2_en_engine.extract([text])
     assert "Stuart Law" not in [e.text for e in plain.entities]
     assert [e.text for e in repaired.entities] == ["Flemming", "Jason Gillespie", "Stuart Law", "Glenn McGrath", "Ricky"]
     assert repaired.stats.forward_passes > plain.stats.forward_passes
+
+
+@pytest.mark.parametrize("runner", ["shared_prefix", "reencoding"])
+def test_a_query_answer_ends_at_a_line_break(tiny_engine: NEREngine, runner: str) -> None:
+    """A count or mention answer stops at the end token or at a token that holds a line break (a
+    mention lies on one line of its text); the autoregressive answer, a line per mention, does not."""
+    model = tiny_engine.ner_model
+    newline = model.tokenizer("\n", add_special_tokens=False).input_ids[-1]
+    assert {newline, model.eos_token_id} <= model.query_stop_token_ids
+    assert not model.query_stop_token_ids & set(model.tokenizer(" Paris", add_special_tokens=False).input_ids)
+    assert newline not in model.stop_token_ids
+    windows = tiny_engine.windows([TEXTS[0]])
+    asking = RUNNERS[runner](model, windows)
+    asking.encode([count_query_ids(model, "PER")], ExtractionStats())
+    branch = Branch(0, "PER", MentionQuery(0, "PER", 1, 1).token_ids(model))
+    out = asking.decode([branch], get_decoder("greedy"), 8, ExtractionStats(), [TokenBias({newline: 100.0})])
+    assert out.tokens == [[]] and out.stopped == [True]  # a line break first: nothing said, and said all

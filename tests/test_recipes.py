@@ -55,17 +55,17 @@ def test_the_first_english_recipe_holds_its_model_cards_settings(small_data: Pat
     assert resolve_precision(config.dtype, config.device).name == "bfloat16"
 
 
-def test_the_english_recipe_holds_its_model_cards_stages(small_data: Path, tmp_path: Path) -> None:
+def test_the_smollm2_english_recipe_holds_its_model_cards_stages(small_data: Path, tmp_path: Path) -> None:
     """Stage 1 trains en-conll03-v1's adapter further, stage 2 fully fine-tunes its top layers (the
     card's run: ``tuned`` in training.json), stage 3 stores that as the shipped adapter."""
-    continued, tuned, stored = stage_configs(load_recipe("en-conll03"), RecipeRun(small_data, tmp_path / "out"))
-    shipped = json.loads((SHIPPED / "en-conll03" / "training.json").read_text())
+    continued, tuned, stored = stage_configs(load_recipe("en-conll03-smollm2"), RecipeRun(small_data, tmp_path / "out"))
+    shipped = json.loads((SHIPPED / "en-conll03-smollm2" / "training.json").read_text())
     assert (continued.base, continued.init_adapter, continued.lora_r, continued.full) == ("smollm2-135m-instruct", "en-conll03-v1", 32, False)
     assert tuned.base == continued.output and stored.model == tuned.output
     for key in LM_SETTINGS:
         assert getattr(tuned, key) == shipped["tuned"]["config"].get(key, getattr(TrainConfig, key, None)), key
     assert resolve_precision(tuned.dtype, "cpu").name == "float32"
-    assert (stored.base, stored.max_megabytes, stored.name) == (shipped["config"]["base"], shipped["config"]["max_megabytes"], "en-conll03")
+    assert (stored.base, stored.max_megabytes, stored.name) == (shipped["config"]["base"], shipped["config"]["max_megabytes"], "en-conll03-smollm2")
 
 
 def test_the_gemma_english_recipe_holds_its_model_cards_stages(small_data: Path, tmp_path: Path) -> None:
@@ -87,22 +87,26 @@ def test_the_gemma_english_recipe_holds_its_model_cards_stages(small_data: Path,
             assert getattr(stage, key) == run["config"].get(key, getattr(TrainConfig, key, None)), key
 
 
-def test_the_resume_recipe_holds_its_model_cards_stages(small_data: Path, tmp_path: Path) -> None:
-    """Stage 1 fully fine-tunes the top layers of zh-resume-v3 merged with the question past the
-    count, stage 2 stores the change from Gemma 3 270M in 25 MB and chooses the count biases (the
-    card's run: ``recipe.json``, ``training.json``)."""
-    recipe = load_recipe("zh-resume")
+@pytest.mark.parametrize(("name", "continued"), [("en-conll03", "en-conll03-gemma"), ("zh-resume", "zh-resume-v3")])
+def test_the_past_count_recipes_hold_their_model_cards_stages(small_data: Path, tmp_path: Path, name: str, continued: str) -> None:
+    """Stage 1 fully fine-tunes the top layers of the model it continues, merged, with the question
+    past the count; stage 2 stores the change from Gemma 3 270M in 25 MB and chooses the count
+    biases (the card's run: ``recipe.json``, ``training.json``)."""
+    recipe = load_recipe(name)
     tuned, stored = stage_configs(recipe, RecipeRun(small_data, tmp_path / "out"))
-    assert (tuned.base, tuned.full, tuned.top_layers, tuned.kept_vocabulary, tuned.past_count_queries) == ("zh-resume-v3", True, 9, True, True)
-    chain = [load_recipe(name).stages[0].settings["base"] for name in ("zh-resume-v3", "zh-resume-v2")]
-    assert chain == ["zh-resume-v2", "zh-resume-v1"]  # the chain the card names
-    assert json.loads((SHIPPED / "zh-resume" / "ner_model.json").read_text())["answers_past_count"] is True
+    assert (tuned.base, tuned.full, tuned.top_layers, tuned.kept_vocabulary, tuned.past_count_queries) == (continued, True, 9, True, True)
+    assert json.loads((SHIPPED / name / "ner_model.json").read_text())["answers_past_count"] is True
     assert stored.model == tuned.output and (stored.base, stored.max_megabytes, stored.calibrate_counts) == ("gemma3-270m", 25, True)
-    assert json.loads((SHIPPED / "zh-resume" / "recipe.json").read_text())["stages"] == recipe.model_dump()["stages"]
-    shipped = json.loads((SHIPPED / "zh-resume" / "training.json").read_text())
-    assert (shipped["config"]["base"], shipped["config"]["max_megabytes"]) == ("gemma3-270m", 25)
+    assert json.loads((SHIPPED / name / "recipe.json").read_text())["stages"] == recipe.model_dump()["stages"]
+    shipped = json.loads((SHIPPED / name / "training.json").read_text())
+    assert (shipped["config"]["base"], shipped["config"]["max_megabytes"], shipped["config"]["name"]) == ("gemma3-270m", 25, name)
     for key in (key for key in LM_SETTINGS if key != "init_adapter"):
         assert getattr(tuned, key) == shipped["tuned"]["config"].get(key, getattr(TrainConfig, key, None)), key
+
+
+def test_the_chinese_models_name_the_models_they_continue() -> None:
+    chain = [load_recipe(name).stages[0].settings["base"] for name in ("zh-resume-v3", "zh-resume-v2")]
+    assert chain == ["zh-resume-v2", "zh-resume-v1"]  # the chain zh-resume's card names
     assert json.loads((SHIPPED / "zh-weibo" / "ner_model.json").read_text())["base"] == "zh-resume-v1"  # the model it was trained on
 
 

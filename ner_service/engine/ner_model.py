@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -178,6 +179,14 @@ class NERModel:
     def stop_token_ids(self) -> frozenset[int]:
         """The tokens an answer stops at."""
         return frozenset({self.eos_token_id})
+
+    @cached_property
+    def query_stop_token_ids(self) -> frozenset[int]:
+        """The tokens a count or mention answer stops at: the end token and every token that holds a
+        line break. A mention lies on one line of its text, so a model that goes on past it with a new
+        line (the autoregressive answer's format, learned beside) has said all of the mention."""
+        texts = self.tokenizer.batch_decode([[index] for index in range(len(self.tokenizer))])
+        return self.stop_token_ids | {index for index, text in enumerate(texts) if "\n" in text}
 
     @property
     def device(self) -> torch.device:

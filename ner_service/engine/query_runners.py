@@ -69,7 +69,7 @@ class SharedPrefixRunner:
         decoder is greedy); known answer tokens are followed by drafts when ``decoder`` drafts."""
         if self.prefix is None:
             raise RuntimeError("encode the prefixes first")
-        stop = StopCriteria(max_new_tokens, self.ner_model.stop_token_ids)
+        stop = StopCriteria(max_new_tokens, self.ner_model.query_stop_token_ids)
         if constraints or not decoder.shares_cache:
             branch_decoder = get_decoder("greedy") if decoder.shares_cache else decoder
             stats.ran(branch_decoder)
