@@ -16,7 +16,6 @@ os.environ["PIPELINE_CHUNK_SIZE"] = "4"
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PADELLM_DATA", REPO.parent / "shared" / "data"))
 SHIPPED_EN = REPO / "ner_service" / "shipped_models" / "en-conll03" / "ner_model.json"
-SHIPPED_SMOLLM2 = REPO / "ner_service" / "shipped_models" / "en-conll03-smollm2" / "ner_model.json"
 SHIPPED_DIFFUSION = REPO / "ner_service" / "shipped_models" / "en-conll03-diffusion" / "ner_model.json"
 
 
@@ -34,30 +33,27 @@ def tiny_engine():
     return NEREngine.load("tiny-conll03")
 
 
-@pytest.fixture(scope="session")
-def en_engine():
-    if not SHIPPED_EN.is_file():
-        pytest.skip("the shipped en-conll03 model is not in this checkout")
+def _shipped_engine(name: str):
+    """The engine of shipped model ``name``, or a skip where this checkout lacks it."""
+    if not (REPO / "ner_service" / "shipped_models" / name / "ner_model.json").is_file():
+        pytest.skip(f"the shipped {name} model is not in this checkout")
     from ner_service.engine import NEREngine
 
-    return NEREngine.load("en-conll03")
+    return NEREngine.load(name)
+
+
+@pytest.fixture(scope="session")
+def en_engine():
+    return _shipped_engine("en-conll03")
 
 
 @pytest.fixture(scope="session")
 def smollm2_en_engine():
     """The English model on SmolLM2-135M (``en-conll03`` until 2026-11-30): the tests of behaviours
     seen on its answers (a name it labels two ways in a document, a neighbour it answers twice)."""
-    if not SHIPPED_SMOLLM2.is_file():
-        pytest.skip("the shipped en-conll03-smollm2 model is not in this checkout")
-    from ner_service.engine import NEREngine
-
-    return NEREngine.load("en-conll03-smollm2")
+    return _shipped_engine("en-conll03-smollm2")
 
 
 @pytest.fixture(scope="session")
 def diffusion_en_engine():
-    if not SHIPPED_DIFFUSION.is_file():
-        pytest.skip("the shipped en-conll03-diffusion model is not in this checkout")
-    from ner_service.engine import NEREngine
-
-    return NEREngine.load("en-conll03-diffusion")
+    return _shipped_engine("en-conll03-diffusion")
