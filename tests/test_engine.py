@@ -12,10 +12,11 @@ from general_decoding import TokenBias, UnknownDecoderError, choose, get_decoder
 from ner_service.engine import ExtractionStats, NEREngine, UnknownLabelError, UnknownStrategyError
 from ner_service.engine.query_runners import SharedPrefixRunner
 from ner_service.engine.model_loading import ModelNotFoundError
-from ner_service.engine.queries import Answer, Branch, MentionQuery, answer_of, count_query_ids
+from ner_service.engine.count_bias import CountBias
+from ner_service.engine.queries import Answer, Branch, MentionQuery, WindowLabel, answer_of, count_query_ids
 from ner_service.engine.span_tries import SpanTries
 from ner_service.engine.spans import Mention
-from ner_service.engine.strategies.padellm import PaDeLLM
+from ner_service.engine.strategies.padellm import Counts, PaDeLLM
 from ner_service.engine.strategies.repairs import Repairs, without_stray_characters
 from tests.entity_lists import assert_same_entities
 
@@ -122,6 +123,46 @@ def test_count_bias_favours_larger_counts(tiny_engine: NEREngine) -> None:
     assert all(TEXTS[i][e.start:e.end] == e.text for i, r in enumerate(eager) for e in r.entities)
 
 
+def test_a_mention_is_as_probable_as_its_path_its_count_included() -> None:
+    """The probability that a label holds the k-th mention a query asks for: at least k mentions,
+    past the count at least the count's (the answer says the rest), under a count of 0 certain."""
+    at_least = {0: 0.0, 1: -0.1, 2: -0.7, 3: -2.3}  # log P(count >= d)
+    counts = Counts({WindowLabel(0, "PER"): 2, WindowLabel(0, "LOC"): 0}, [], {WindowLabel(0, "PER"): at_least, WindowLabel(0, "LOC"): at_least})
+    assert [counts.held_logprob(MentionQuery(0, "PER", 2, k)) for k in (1, 2, 3)] == [-0.1, -0.7, -0.7]
+    assert counts.held_logprob(MentionQuery(0, "LOC", 0, 1)) == 0.0
+    assert counts.held_logprob(MentionQuery(0, "PER", 12, 11)) == -2.3  # a count of two digits: the least probable known
+
+
+def test_a_mentions_score_holds_the_models_belief_in_its_count_not_the_bias(tiny_engine: NEREngine) -> None:
+    """Each mention PaDeLLM returns has its answer's log-probability plus its label's
+    :meth:`Counts.held_logprob`; under a bias that makes every count large, the counts the bias
+    pushed past the model's belief score below their answers."""
+
+    class Recording(PaDeLLM):
+        def _counts(self, *args):
+            self.counted = super()._counts(*args)
+            return self.counted
+
+        def _ask(self, runner, queries, confirm, decoder, stats):
+            answers, continued = super()._ask(runner, queries, confirm, decoder, stats)
+            self.asked += list(zip(queries, answers))
+            return answers, continued
+
+    options = replace(tiny_engine.strategy_options(), count_bias=CountBias(3.0), repair_duplicates=False, repair_unaligned=False)
+    strategy = Recording(tiny_engine.ner_model, options)
+    strategy.asked = []
+    windows = tiny_engine.windows([TEXTS[0]])
+    (found,) = strategy.mentions(windows, list(tiny_engine.labels), get_decoder("greedy"), ExtractionStats())
+    final_count = {}  # a count of several digits asks its label again: the last count asked is the one answered
+    for query, _ in strategy.asked:
+        final_count[query.label] = max(final_count.get(query.label, 0), query.count)
+    answered = [(q, a) for q, a in strategy.asked if q.count == final_count[q.label]]
+    held = [strategy.counted.held_logprob(q) for q, _ in answered]
+    expected = sorted((a.mention.label, a.mention.text, round(a.mention.logprob + h, 4)) for (_, a), h in zip(answered, held))
+    assert found and sorted((m.label, m.text, round(m.logprob, 4)) for m in found) == expected
+    assert all(h <= 1e-6 for h in held) and min(held) < -0.1
+
+
 RUNNERS = {"shared_prefix": SharedPrefixRunner, "reencoding": ReencodingRunner}
 
 
@@ -194,7 +235,7 @@ def test_a_model_trained_with_past_count_queries_is_asked_one_mention_past_every
         windows = tiny_engine.windows([text])
         asked.clear()
         runner = SharedPrefixRunner(model, windows)
-        counts, _ = strategy._counts(runner, windows, labels, ExtractionStats())
+        counts = strategy._counts(runner, windows, labels, ExtractionStats()).chosen
         strategy.mentions(windows, labels, get_decoder("greedy"), ExtractionStats())
         every = {(label, n, k) for label in labels for n in range(10) for k in range(1, 11)}
         found = {key for key in every if MentionQuery(0, key[0], key[1], key[2]).token_ids(model) in asked}

@@ -81,7 +81,7 @@ class EntityOut(BaseModel):
     end: int
     text: str
     label: str
-    score: float = Field(description="probability of the mention (exp of its sequence log-probability)")
+    score: float = Field(description="probability of the mention: its answer's tokens (under padellm times the probability, by its label's count, that the label holds a k-th mention)")
 
 
 class StatsOut(BaseModel):

@@ -16,12 +16,16 @@ For a batch of windows:
    queries (``answers_past_count``) is also asked, for every count (0 too), the mention one past
    it: the one a count one too low left out, or nothing;
 3. the answers that offset alignment would lose are re-asked (:mod:`.repairs`).
+
+A mention's score is the probability of its path: that its label holds a k-th mention (the
+count's own distribution, before any bias) times its answer (:meth:`Counts.held_logprob`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -36,6 +40,29 @@ from ner_service.engine.spans import Mention
 from ner_service.engine.strategies import register_strategy
 from ner_service.engine.strategies.base import Strategy, StrategyOptions
 from ner_service.engine.strategies.repairs import Repairs
+
+
+@dataclass(frozen=True)
+class Counts:
+    """A batch's counts: ``chosen`` the count of each (window, label), from its first token under
+    the label's bias; ``confirm`` the branches that confirm each count above 0 (its query and that
+    token: what follows must be the end token); ``at_least[key][d]`` the model's own
+    log-probability, before any bias, that the label holds at least d mentions there (the mass of
+    the first digits d and above)."""
+
+    chosen: dict[WindowLabel, int]
+    confirm: list[Branch]
+    at_least: dict[WindowLabel, dict[int, float]]
+
+    def held_logprob(self, query: MentionQuery) -> float:
+        """Log-probability that the label holds the mention ``query`` asks for: at least its k
+        mentions (past the count, at least the count's: the answer itself says the rest). Added
+        to the answer's, it makes a mention's score the probability of the path to it, as an
+        autoregressive answer's line holds its label's tokens: a span under two labels goes to
+        the one the model is surer of, counts included."""
+        tail = self.at_least[query.window_label]
+        return tail.get(min(query.k, query.count), min(tail.values(), default=0.0))
+
 
 #: Builds the query runner of a batch's windows (the bool: one cache row, for a decoder that shares it).
 RunnerFactory = Callable[[NERModel, list[Window], bool], QueryRunner]
@@ -56,13 +83,14 @@ class PaDeLLM(Strategy):
     def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
         runner = self.runner(self.ner_model, windows, decoder.shares_cache)
         with stats.phase("prefix+count"):
-            counts, confirm = self._counts(runner, windows, labels, stats)
+            counted = self._counts(runner, windows, labels, stats)
+        counts = counted.chosen
         # The count's remaining digits (usually just the end token) are decoded in the same
         # batch as the mention queries, which assume the count is complete.
         past_count = self.ner_model.config.answers_past_count
         queries = mention_queries(counts, past_count)
         with stats.phase("mention"):
-            answers, continued = self._ask(runner, queries, confirm, decoder, stats)
+            answers, continued = self._ask(runner, queries, counted.confirm, decoder, stats)
             # rare: a count of several tokens; ask that label's mentions again, at most one per
             # character of the window (an untrained model may write any number of digits)
             longer = {key: min(int(f"{counts[key]}{digits}"), len(windows[key.window_index].text)) for key, digits in continued.items()}
@@ -78,7 +106,8 @@ class PaDeLLM(Strategy):
         for query, answer in zip(queries, answers):
             if past_count and not answer.mention.text:
                 continue  # such a model's "nothing" (as repairs.unaligned reads it): no mention, none unmatched
-            found[query.window_index].append(answer.mention)
+            mention = answer.mention
+            found[query.window_index].append(replace(mention, logprob=counted.held_logprob(query) + mention.logprob))
         return found
 
     def _speculated(self, windows: list[Window], labels: list[str]) -> list[list[int]]:
@@ -111,21 +140,24 @@ class PaDeLLM(Strategy):
                 TokenBias({token: bias * digit for digit, token in self.digit_ids.items()}).apply(per_label[:, index], [], [])
         return log_probs
 
-    def _counts(self, runner: QueryRunner, windows: list[Window], labels: list[str],
-                stats: ExtractionStats) -> tuple[dict[WindowLabel, int], list[Branch]]:
-        """Each (window, label)'s count from its first token, and the branches that confirm each
-        count above 0 (its query and that token: what follows must be the end token)."""
-        first = self.biased(self.count_log_probs(runner, windows, labels, stats), labels).argmax(-1).tolist()
+    def _counts(self, runner: QueryRunner, windows: list[Window], labels: list[str], stats: ExtractionStats) -> Counts:
+        """Each (window, label)'s count from its first token (biased), the branches that confirm
+        each count above 0, and the model's own belief in each count (:class:`Counts`)."""
+        log_probs = self.count_log_probs(runner, windows, labels, stats)
+        digits = sorted(self.digit_ids)
+        digit_probs = log_probs[:, [self.digit_ids[d] for d in digits]].softmax(-1)
+        at_least = digit_probs.flip(-1).cumsum(-1).flip(-1).clamp_min(1e-9).log().tolist()  # digit d: the mass of d and above
+        first = self.biased(log_probs, labels).argmax(-1).tolist()
         decode = self.ner_model.tokenizer.decode
-        counts: dict[WindowLabel, int] = {}
-        confirm: list[Branch] = []
+        counts = Counts({}, [], {})
         keys = [WindowLabel(w, label) for w in range(len(windows)) for label in labels]
-        for key, token in zip(keys, first):
+        for key, token, tail in zip(keys, first, at_least):
             count = prompts.parse_count(decode([token], skip_special_tokens=True)) or 0
-            counts[key] = count
+            counts.chosen[key] = count
+            counts.at_least[key] = dict(zip(digits, tail))
             if count:
-                confirm.append(Branch(key.window_index, key.label, count_query_ids(self.ner_model, key.label) + [token]))
-        return counts, confirm
+                counts.confirm.append(Branch(key.window_index, key.label, count_query_ids(self.ner_model, key.label) + [token]))
+        return counts
 
     def _ask(self, runner: QueryRunner, queries: list[MentionQuery], confirm: list[Branch], decoder: Decoder,
              stats: ExtractionStats) -> tuple[list[Answer], dict[WindowLabel, str]]:
