@@ -149,15 +149,14 @@ class PaDeLLM(Strategy):
         at_least = digit_probs.flip(-1).cumsum(-1).flip(-1).clamp_min(1e-9).log().tolist()  # digit d: the mass of d and above
         first = self.biased(log_probs, labels).argmax(-1).tolist()
         decode = self.ner_model.tokenizer.decode
-        counts = Counts({}, [], {})
         keys = [WindowLabel(w, label) for w in range(len(windows)) for label in labels]
-        for key, token, tail in zip(keys, first, at_least):
-            count = prompts.parse_count(decode([token], skip_special_tokens=True)) or 0
-            counts.chosen[key] = count
-            counts.at_least[key] = dict(zip(digits, tail))
+        chosen: dict[WindowLabel, int] = {}
+        confirm: list[Branch] = []
+        for key, token in zip(keys, first):
+            count = chosen[key] = prompts.parse_count(decode([token], skip_special_tokens=True)) or 0
             if count:
-                counts.confirm.append(Branch(key.window_index, key.label, count_query_ids(self.ner_model, key.label) + [token]))
-        return counts
+                confirm.append(Branch(key.window_index, key.label, count_query_ids(self.ner_model, key.label) + [token]))
+        return Counts(chosen, confirm, {key: dict(zip(digits, tail)) for key, tail in zip(keys, at_least)})
 
     def _ask(self, runner: QueryRunner, queries: list[MentionQuery], confirm: list[Branch], decoder: Decoder,
              stats: ExtractionStats) -> tuple[list[Answer], dict[WindowLabel, str]]:
