@@ -86,6 +86,29 @@ class TrainConfig:
 
 
 @dataclass
+class OpenTrainConfig(TrainConfig):
+    """An open-label run (:mod:`training.open_trainer`): ``train`` is the folder of the open
+    corpora (``open/``), the supervised corpora of ``supervised_shares`` lie beside it; every
+    record is asked for label names of its own (:mod:`training.open_data`). ``labels`` are the
+    model's default labels, answered when a caller names none."""
+
+    labels: list[str] | None = field(default_factory=lambda: ["person", "organization", "location", "miscellaneous"])
+    records: int = 60000
+    temperature: float = 0.5
+    supervised_shares: dict[str, float] = field(default_factory=lambda: {"conll2003/train.txt": 0.2, "resume/train.txt": 0.12})
+    keep_label_min: float = 0.5
+    negatives_max: int = 3
+    description_rate: float = 0.1
+    synonym_rate: float = 0.1
+    chinese_names_rate: float = 0.3
+    ar_rate: float = 0.25
+    #: Texts longer than this many characters are left out (the engine reads windows of a few sentences).
+    max_text_chars: int = 700
+    #: Minutes of training between snapshots of the trained weights (the points of a quality curve).
+    snapshot_minutes: float = 30.0
+
+
+@dataclass
 class LowRankConfig:
     """A fine-tuned model (``model``: a folder or shipped name) stored as a LoRA adapter over
     ``base``, the model its tuning started from, in at most ``max_megabytes`` (:mod:`training.low_rank`)."""

@@ -52,13 +52,14 @@ class QueryAnswer:
 
 
 def query_answers(example: Example, labels: Sequence[str], formats: Sequence[str], names: Mapping[str, str] | None = None,
-                  past_count: bool = False) -> list[QueryAnswer]:
+                  past_count: bool = False, listed_labels: bool = False) -> list[QueryAnswer]:
     """The queries of one text in the requested formats with their answers; ``names`` maps a
     label to how prompts write it (the label itself when absent). With ``past_count``, each label
     is also asked for the mention one past the count its query states: under a count one short,
     its last mention (``PER count:1\nPER 2:`` answered " Anna"), under its count, nothing
     (``PER count:2\nPER 3:``): the question the engine adds to every count, so that a count one
-    too low loses no mention."""
+    too low loses no mention. With ``listed_labels`` (an open-label model), the AR query names
+    the labels it asks for."""
     names = names or {}
     found: list[QueryAnswer] = []
     if "padellm" in formats:
@@ -75,7 +76,8 @@ def query_answers(example: Example, labels: Sequence[str], formats: Sequence[str
     if "ar" in formats:
         wanted = set(labels)
         ordered = [(names.get(s.label, s.label), example.text[s.start:s.end]) for s in example.spans if s.label in wanted]
-        found.append(QueryAnswer(prompts.ar_query(), prompts.ar_answer(ordered), "ar"))
+        listed = [names.get(label, label) for label in labels] if listed_labels else None
+        found.append(QueryAnswer(prompts.ar_query(listed), prompts.ar_answer(ordered), "ar"))
     return found
 
 
@@ -87,17 +89,18 @@ def build_row(
     names: Mapping[str, str] | None = None,
     loss_weights: Mapping[str, float] | None = None,
     past_count: bool = False,
+    listed_labels: bool = False,
 ) -> TrainingRow:
     """Pack all of ``example``'s queries behind its prefix, those that begin alike sharing their
     first tokens; ``loss_weights`` (by query kind, missing kinds 1) weigh their answers' tokens
-    in the loss; ``past_count`` as in :func:`query_answers`."""
+    in the loss; ``past_count`` and ``listed_labels`` as in :func:`query_answers`."""
     unknown = set(formats) - set(FORMATS)
     if unknown:
         raise ValueError(f"unknown format(s) {sorted(unknown)}; choose from {FORMATS}")
     eos = tokenizer.eos_token_id
     prefix = tokenizer(prompts.prefix(example.text)).input_ids
     branches, answer_starts, kinds = [], [], []
-    for qa in query_answers(example, labels, formats, names, past_count):
+    for qa in query_answers(example, labels, formats, names, past_count, listed_labels):
         query_ids = tokenizer(qa.query, add_special_tokens=False).input_ids
         answer_ids = tokenizer(qa.answer, add_special_tokens=False).input_ids + [eos]
         branches.append(query_ids + answer_ids)

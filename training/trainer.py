@@ -269,7 +269,7 @@ def model_card(config: TrainConfig, labels: list[str], summary: dict) -> str:
         kind = f"the LoRA adapter of `{config.init_adapter}` trained further, over `{config.base}`"
     else:
         kind = f"a LoRA adapter (r={config.lora_r}) over `{config.base}`"
-    defaults = asdict(TrainConfig(base="", train="", output=""))
+    defaults = asdict(type(config)(base="", train="", output=""))
     settings = {key: value for key, value in summary["config"].items()
                 if key != "output" and (key in ("base", "train") or value != defaults[key])}
     lines = [

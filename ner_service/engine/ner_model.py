@@ -35,7 +35,7 @@ class NERModelConfig:
     """What ``ner_model.json`` holds: labels, where the base is, decoding limits, metrics."""
 
     name: str
-    labels: list[str]
+    labels: list[str]  # an open model: the labels answered when a caller names none
     base: str = SELF_CONTAINED
     language: str = "en"
     prompt_version: int = 1
@@ -56,6 +56,7 @@ class NERModelConfig:
     diffusion_shift: bool = False  # a diffusion model adapted from an AR LM reads token i from column i - 1
     diffusion_causal_prompt: bool = False  # ... and keeps its prompt causal (only the answer is bidirectional)
     diffusion_threshold: float = 0.9  # Fast-dLLM unmasks the run of positions more confident than this (chosen per model)
+    open_labels: bool = False  # takes any label names (and descriptions) at call time (training/open_trainer.py)
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -69,9 +69,16 @@ def parse_mention(answer: str) -> str:
     return answer.strip()
 
 
-def ar_query() -> str:
-    """Query of the autoregressive baseline: every mention of every label in one sequence."""
-    return "All entities:"
+def ar_query(labels: Sequence[str] | None = None) -> str:
+    """Query of the autoregressive baseline: every mention of every label in one sequence. An
+    open-label model is told which labels it is asked for (``labels``, as prompts write them)."""
+    return "All entities:" if labels is None else f"All entities ({'; '.join(labels)}):"
+
+
+def label_prompt(name: str, description: str | None = None) -> str:
+    """How a query writes a label asked at call time: its name, and its description in brackets
+    when it has one (``drug (a medicine or its active substance)``)."""
+    return f"{name} ({description})" if description else name
 
 
 def ar_answer(mentions: list[tuple[str, str]]) -> str:
@@ -110,9 +117,9 @@ def text_token_count(tokenizer: "PreTrainedTokenizerBase", text: str) -> int:
     return len(query_ids(tokenizer, text))
 
 
-def ar_prompt_ids(tokenizer: "PreTrainedTokenizerBase", text: str) -> list[int]:
-    """The whole prompt of the all-entities query (AR baseline, diffusion)."""
-    return prefix_ids(tokenizer, text) + query_ids(tokenizer, ar_query())
+def ar_prompt_ids(tokenizer: "PreTrainedTokenizerBase", text: str, labels: Sequence[str] | None = None) -> list[int]:
+    """The whole prompt of the all-entities query (AR baseline, diffusion); ``labels`` as in :func:`ar_query`."""
+    return prefix_ids(tokenizer, text) + query_ids(tokenizer, ar_query(labels))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from training.recipes.trainers import TRAINERS
 
 RECIPES_DIR = Path(__file__).parent
-TrainerName = Literal["lm", "tiny", "diffusion", "lud", "low_rank"]
+TrainerName = Literal["lm", "open", "tiny", "diffusion", "lud", "low_rank"]
 
 
 class RecipeError(ValueError):

@@ -80,6 +80,6 @@ def run_recipe(recipe: Recipe, run: RecipeRun, on_stage: Callable[[int, Any], No
 
 def _data_file(data: Path, relative: str) -> Path:
     path = data / relative
-    if not path.is_file():
+    if not path.exists():  # a file, or a folder of corpora (the open trainer's)
         raise RecipeError(f"data file {path} not found (--data names the folder that holds {relative})")
     return path

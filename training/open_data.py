@@ -1,0 +1,264 @@
+"""The open-label training mixture: records of many corpora, each asked for a set of label names.
+
+The corpora of ``open/`` (one JSONL format, ``labels.tsv`` naming every raw label in plain
+English, ``sources.json`` listing the labels each source annotates) and the supervised corpora
+(CoNLL-03, Resume) become :class:`OpenExample` objects: a text, its spans relabelled with the
+names a query writes, and the names it is asked for. The rules, each in one place:
+
+* **Asked labels** are the record's own source's labels (a label outside its source's list is
+  unknown there, never asked as absent), each kept with a probability drawn per record (label
+  dropout), at least one kept; two raw labels of one name are one question, their spans merged.
+* **Negatives**: a few domain-specific names of other domains (a name found in one domain group
+  only, asked of a record of another), whose count is 0.
+* **How a label is written**: lower-cased names mostly (the zero-shot evaluation asks so), now
+  and then the name with its description, or the raw label as a synonym.
+* **Balance**: records are drawn per corpus with weight ``size ** temperature`` (the 70,000
+  biomedical sentences do not drown the rest), the supervised corpora with fixed shares.
+* **Held out**: whole corpora of other domains and languages are never trained on; their dev
+  (or test) records are the zero-shot dev (:data:`ZERO_SHOT_CORPORA`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corpora import Example, Span, read_corpus
+
+#: Whole corpora held out of training: their records measure labels and domains never seen.
+ZERO_SHOT_CORPORA = ("re3d", "harveyner", "sofc_exp", "mobie_de", "ccks2017_cnmer", "slurp", "norne_nob")
+#: Domain groups: a negative label comes from another group's domain-specific names.
+DOMAINS = {
+    "biomedicine": ("mtl_biomed", "anem", "biored", "chineseblue_med", "ccks2017_cnmer"),
+    "science": ("scierc", "sofc_exp", "wlp", "few_tk"),
+    "cyber-security": ("aptner", "cyner_mitre"),
+    "software": ("stackoverflow_ner",),
+    "law": ("lener_br", "ler_de"),
+    "voice commands": ("snips", "slurp"),
+}
+#: How the supervised corpora's labels are asked: plain names, and for Resume also its Chinese ones.
+SUPERVISED_NAMES = {
+    "conll2003": {"PER": "person", "LOC": "location", "ORG": "organization", "MISC": "miscellaneous"},
+    "resume": {"NAME": "person", "ORG": "organization", "TITLE": "job title", "EDU": "educational degree",
+               "CONT": "nationality", "PRO": "major", "RACE": "ethnicity", "LOC": "location"},
+}
+SUPERVISED_DESCRIPTIONS = {
+    "conll2003": {"MISC": "other named entity: nationality, event, work, product"},
+    "resume": {"PRO": "field of study or profession", "CONT": "country of citizenship"},
+}
+SUPERVISED_CHINESE = {"resume": {"NAME": "人名", "ORG": "机构", "TITLE": "职位", "EDU": "学历", "CONT": "国籍",
+                                 "PRO": "专业", "RACE": "民族", "LOC": "地名"}}
+
+
+@dataclass(frozen=True)
+class LabelInfo:
+    """A raw label of a corpus: the name a query writes for it and its one-line description."""
+
+    raw: str
+    name: str
+    description: str | None
+
+
+@dataclass
+class Source:
+    """A label set annotated together: its corpus and each raw label's :class:`LabelInfo`."""
+
+    corpus: str
+    labels: dict[str, LabelInfo]
+
+
+@dataclass(frozen=True)
+class OpenExample:
+    """A text, its spans under the names its queries write, and those names (asked in any order)."""
+
+    example: Example
+    labels: tuple[str, ...]
+    corpus: str
+    ar: bool = False
+
+
+@dataclass
+class Catalogue:
+    """Every corpus's sources and labels, read from ``labels.tsv`` and ``sources.json``."""
+
+    folder: Path
+    labels: dict[str, dict[str, LabelInfo]] = field(default_factory=dict)  # corpus -> raw -> info
+
+    @classmethod
+    def read(cls, folder: str | Path) -> "Catalogue":
+        folder = Path(folder)
+        catalogue = cls(folder)
+        with (folder / "labels.tsv").open(encoding="utf-8") as table:
+            for row in csv.DictReader(table, delimiter="\t"):
+                description = row["description"].strip()
+                catalogue.labels.setdefault(row["corpus"], {})[row["raw_label"]] = LabelInfo(
+                    row["raw_label"], row["name"].strip(), None if "?" in description or not description else _short(description))
+        return catalogue
+
+    def corpora(self) -> list[str]:
+        return sorted(self.labels)
+
+    def sources(self, corpus: str) -> dict[str, list[str]]:
+        return json.loads((self.folder / corpus / "sources.json").read_text(encoding="utf-8"))
+
+    def records(self, corpus: str, split: str) -> list[tuple[Example, str]]:
+        """``(example, source)`` of every record of ``corpus``'s ``split`` (none when it lacks it)."""
+        path = self.folder / corpus / f"{split}.jsonl"
+        if not path.is_file():
+            return []
+        found = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                record = json.loads(line)
+                spans = [Span(e["start"], e["end"], e["label"]) for e in record.get("entities", [])]
+                found.append((Example(record["text"], sorted(spans, key=lambda s: (s.start, s.end, s.label))), record["source"]))
+        return found
+
+    def specific_names(self) -> dict[str, list[str]]:
+        """Per domain group, the names found in that group's corpora only: what a negative is drawn from."""
+        group_of = {corpus: group for group, corpora in DOMAINS.items() for corpus in corpora}
+        groups_of_name: dict[str, set[str]] = defaultdict(set)
+        for corpus, labels in self.labels.items():
+            for info in labels.values():
+                groups_of_name[info.name.lower()].add(group_of.get(corpus, "general"))
+        found: dict[str, list[str]] = defaultdict(list)
+        for name, groups in sorted(groups_of_name.items()):
+            if len(groups) == 1 and "general" not in groups:
+                found[next(iter(groups))].append(name)
+        return dict(found)
+
+
+def _short(description: str) -> str:
+    """A description cut to its first clause (labels.tsv's end in the source's citation)."""
+    text = description.split(" (")[0].split("; ")[0].rstrip(".")
+    return text[:100]
+
+
+@dataclass(frozen=True)
+class MixtureSettings:
+    """How the mixture is drawn; every probability is per record (or per label, where said)."""
+
+    records: int = 60000
+    temperature: float = 0.5
+    #: Fixed shares of the supervised corpora (the rest is the open corpora's).
+    supervised_shares: Mapping[str, float] = field(default_factory=lambda: {"conll2003/train.txt": 0.2, "resume/train.txt": 0.12})
+    keep_label_min: float = 0.5  # each record keeps each of its labels with a probability drawn from [min, 1]
+    negatives_max: int = 3
+    description_rate: float = 0.1  # per label: name and description
+    synonym_rate: float = 0.1  # per label: the raw label, where it reads as another name
+    chinese_names_rate: float = 0.3  # per Resume record: its Chinese names
+    ar_rate: float = 0.25  # records also given the AR query with its label list
+    seed: int = 0
+
+
+def _synonym(raw: str, name: str) -> str | None:
+    """The raw label read as words, when it is another name than ``name`` (``Simple_chemical``)."""
+    words = raw.replace("_", " ").replace("-", " ").strip().lower()
+    return words if len(words) >= 4 and words != name.lower() and any(c.isalpha() for c in words) and not words.isupper() else None
+
+
+def _written(info: LabelInfo, rng: random.Random, settings: MixtureSettings) -> str:
+    roll = rng.random()
+    name = info.name if rng.random() < 0.15 else info.name.lower()
+    if info.description and roll < settings.description_rate:
+        return f"{name} ({info.description})"
+    synonym = _synonym(info.raw, info.name)
+    if synonym and roll < settings.description_rate + settings.synonym_rate:
+        return synonym
+    return name
+
+
+def ask(example: Example, corpus: str, source_labels: Sequence[str], infos: Mapping[str, LabelInfo], negatives: Sequence[str],
+        rng: random.Random, settings: MixtureSettings) -> OpenExample:
+    """One record asked for a dropout of its source's labels (two raw labels written alike are one
+    question) and ``negatives`` (names of other domains, count 0)."""
+    keep = rng.uniform(settings.keep_label_min, 1.0)
+    kept = [raw for raw in source_labels if raw in infos and rng.random() < keep] or [rng.choice([r for r in source_labels if r in infos])]
+    written: dict[str, str] = {}
+    shown_for: dict[str, str] = {}
+    for raw in kept:
+        shown = _written(infos[raw], rng, settings)
+        key = shown.lower()
+        shown_for[raw] = written.setdefault(key, shown)
+    spans = sorted({Span(s.start, s.end, shown_for[s.label]) for s in example.spans if s.label in shown_for},
+                   key=lambda s: (s.start, s.end, s.label))
+    labels = list(dict.fromkeys(shown_for.values()))
+    labels += [n for n in negatives if n.lower() not in written]
+    rng.shuffle(labels)
+    return OpenExample(Example(example.text, spans), tuple(labels), corpus, rng.random() < settings.ar_rate)
+
+
+def _supervised_infos(corpus: str, chinese: bool) -> dict[str, LabelInfo]:
+    names = SUPERVISED_CHINESE[corpus] if chinese else SUPERVISED_NAMES[corpus]
+    descriptions = {} if chinese else SUPERVISED_DESCRIPTIONS.get(corpus, {})
+    return {raw: LabelInfo(raw, name, descriptions.get(raw)) for raw, name in names.items()}
+
+
+def training_mixture(open_folder: str | Path, data_folder: str | Path, settings: MixtureSettings) -> list[OpenExample]:
+    """``settings.records`` training examples: open corpora (the zero-shot ones left out) drawn by
+    size to the power ``temperature``, the supervised corpora at their fixed shares."""
+    rng = random.Random(settings.seed)
+    catalogue = Catalogue.read(open_folder)
+    specific = catalogue.specific_names()
+    group_of = {corpus: group for group, corpora in DOMAINS.items() for corpus in corpora}
+    pools: dict[str, list[tuple[Example, list[str]]]] = {}
+    for corpus in catalogue.corpora():
+        if corpus in ZERO_SHOT_CORPORA:
+            continue
+        sources = catalogue.sources(corpus)
+        records = [(example, sources[source]) for example, source in catalogue.records(corpus, "train")]
+        if records:
+            pools[corpus] = records
+    weights = {corpus: len(records) ** settings.temperature for corpus, records in pools.items()}
+    open_share = 1.0 - sum(settings.supervised_shares.values())
+    total = sum(weights.values())
+    found: list[OpenExample] = []
+    for corpus, records in sorted(pools.items()):
+        infos = catalogue.labels[corpus]
+        others = [name for group, names in specific.items() if group != group_of.get(corpus, "general") for name in names]
+        for _ in range(round(settings.records * open_share * weights[corpus] / total)):
+            example, source_labels = rng.choice(records)
+            negatives = rng.sample(others, rng.randint(0, settings.negatives_max)) if others else []
+            found.append(ask(example, corpus, source_labels, infos, negatives, rng, settings))
+    all_specific = [name for names in specific.values() for name in names]
+    for relative, share in sorted(settings.supervised_shares.items()):
+        corpus = relative.split("/")[0]
+        examples = read_corpus(str(Path(data_folder) / relative))
+        labels = sorted(SUPERVISED_NAMES[corpus])
+        for _ in range(round(settings.records * share)):
+            chinese = corpus in SUPERVISED_CHINESE and rng.random() < settings.chinese_names_rate
+            negatives = rng.sample(all_specific, rng.randint(0, settings.negatives_max))
+            found.append(ask(rng.choice(examples), corpus, labels, _supervised_infos(corpus, chinese), negatives, rng, settings))
+    rng.shuffle(found)
+    return found
+
+
+@dataclass(frozen=True)
+class ZeroShotSet:
+    """One held-out corpus's records and the label names they are asked for (their source's, lower-cased)."""
+
+    corpus: str
+    split: str
+    examples: list[Example]
+    labels: list[str]
+
+
+def zero_shot_sets(open_folder: str | Path, limit: int = 100, seed: int = 0) -> list[ZeroShotSet]:
+    """A sample of ``limit`` records of each held-out corpus's dev split (test where it has none),
+    spans relabelled with their lower-cased names; a corpus's records are asked every name of it."""
+    catalogue = Catalogue.read(open_folder)
+    sets = []
+    for corpus in ZERO_SHOT_CORPORA:
+        split = "dev" if (catalogue.folder / corpus / "dev.jsonl").is_file() else "test"
+        records = catalogue.records(corpus, split)
+        random.Random(seed).shuffle(records)
+        infos = catalogue.labels[corpus]
+        examples = [Example(e.text, sorted({Span(s.start, s.end, infos[s.label].name.lower()) for s in e.spans if s.label in infos},
+                                           key=lambda s: (s.start, s.end, s.label))) for e, _ in records[:limit]]
+        sets.append(ZeroShotSet(corpus, split, examples, sorted({info.name.lower() for info in infos.values()})))
+    return sets
