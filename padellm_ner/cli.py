@@ -94,12 +94,16 @@ def _labels(args: argparse.Namespace) -> list[str] | None:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
+    """One JSON line per text (``{"text", "entities", "stats"}``), in the order given, however
+    many texts: the output of one text and of a thousand is read the same way."""
+    from ner_service.engine.results import checked_threshold
+
+    threshold = checked_threshold(args.threshold)
     options = _options(args)
     engine = _engine(args)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
-    results = engine.extract_with(options, texts)
-    payload = [{"text": text, **result.to_dict()} for text, result in zip(texts, results)]
-    print(json.dumps(payload if len(payload) != 1 else payload[0], ensure_ascii=False, indent=2))
+    for text, result in zip(texts, engine.extract_with(options, texts)):
+        print(json.dumps({"text": text, **result.above(threshold).to_dict()}, ensure_ascii=False))
     return 0
 
 
@@ -178,7 +182,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _extract_options(extract: argparse.ArgumentParser) -> None:
-    extract.add_argument("text", nargs="*")
+    extract.add_argument("text", nargs="*", help="texts to tag (none: each line of stdin is a text)")
+    extract.add_argument("--threshold", type=float, default=0.0,
+                         help="drop entities whose score (the probability the model gave them) is below this, 0 to 1 "
+                              "(default: %(default)s, all)")
     _add_engine_options(extract)
 
 
@@ -214,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    extract = sub.add_parser("extract", help="print the entities of TEXT (or of each stdin line) as JSON", options=_extract_options)
+    extract = sub.add_parser("extract", help="print the entities of each TEXT (or stdin line) as one JSON line", options=_extract_options)
     extract.set_defaults(func=cmd_extract)
 
     evaluate = sub.add_parser("evaluate", help="span micro-F1 and latency on a corpus file", options=_evaluate_options)

@@ -15,12 +15,30 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     return subprocess.run([sys.executable, "-m", "padellm_ner.cli", *args], capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_extract_prints_json() -> None:
+def test_extract_prints_one_json_line_per_text() -> None:
     done = run("extract", "--model", "tiny-conll03", "Peter Blackburn visited Paris .")
     assert done.returncode == 0, done.stderr
-    payload = json.loads(done.stdout)
+    [line] = done.stdout.splitlines()
+    payload = json.loads(line)
     assert payload["text"] == "Peter Blackburn visited Paris ." and isinstance(payload["entities"], list)
     assert payload["stats"]["forward_passes"] > 0
+    texts = ["Peter Blackburn visited Paris .", "EU rejects German call to boycott British lamb ."]
+    several = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "extract", "--model", "tiny-conll03"], input="\n".join(texts) + "\n",
+                             capture_output=True, text=True, timeout=300)
+    assert several.returncode == 0, several.stderr
+    assert [json.loads(line)["text"] for line in several.stdout.splitlines()] == texts
+
+
+def test_extract_threshold_drops_the_entities_scored_below_it() -> None:
+    text = "Peter Blackburn visited Paris ."
+    everything = json.loads(run("extract", "--model", "tiny-conll03", text).stdout)["entities"]
+    assert everything, "the tiny model finds an entity here"
+    top = max(e["score"] for e in everything) - 1e-6  # the printed score is rounded to 6 digits
+    kept = json.loads(run("extract", "--model", "tiny-conll03", "--threshold", str(top), text).stdout)["entities"]
+    assert [e["text"] for e in kept] == [e["text"] for e in everything if e["score"] >= top] and kept
+    assert json.loads(run("extract", "--model", "tiny-conll03", "--threshold", "1", text).stdout)["entities"] == []
+    done = run("extract", "--model", "tiny-conll03", "--threshold", "2", text)
+    assert done.returncode == 2 and "threshold must be a number from 0 to 1" in done.stderr
 
 
 def test_evaluate_json_report(tmp_path: Path) -> None:

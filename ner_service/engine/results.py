@@ -81,3 +81,22 @@ class Extraction:
 
     def to_dict(self) -> dict[str, object]:
         return {"entities": [e.to_dict() for e in self.entities], "stats": self.stats.to_dict()}
+
+    def above(self, threshold: float) -> "Extraction":
+        """This text's entities whose score is at least ``threshold`` (:func:`checked_threshold`);
+        0 keeps them all."""
+        threshold = checked_threshold(threshold)
+        if threshold == 0:
+            return self
+        return Extraction(self.text, [e for e in self.entities if e.score >= threshold], self.stats)
+
+
+def checked_threshold(threshold: float | None) -> float:
+    """``threshold`` as a float in [0, 1] (None: 0, every entity); a ValueError otherwise. An
+    entity's score is the probability the model gave its answer (PaDeLLM: its label's count
+    included), so every entry point drops entities below the same number."""
+    if threshold is None:
+        return 0.0
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold must be a number from 0 to 1, not {threshold!r}")
+    return float(threshold)

@@ -1,0 +1,99 @@
+"""The Python face of the engine, shaped like GLiNER's: load a model by name, ask a text for
+entities, get plain dicts back.
+
+    import padellm_ner
+    ner = padellm_ner.load("en-conll03")
+    ner.predict_entities("Angela Merkel visited Paris .", labels=["PER", "LOC"], threshold=0.5)
+    # [{"start": 0, "end": 13, "text": "Angela Merkel", "label": "PER", "score": 0.99...}, ...]
+
+Labels are names, or ``{"name": ..., "description": ...}`` for an open-label model; they go to
+the engine's options (:meth:`ner_service.engine.ExtractOptions.validated`) as they are, so a
+label the model cannot answer is refused here as everywhere else. ``threshold`` drops entities
+whose score (the probability the model gave them) is below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ner_service.engine import Extraction, NEREngine
+
+#: GLiNER's default: a mention the model gives less than even odds is left out.
+DEFAULT_THRESHOLD = 0.5
+
+Label = str | Mapping[str, str]
+
+
+def _entity(entity: Any) -> dict[str, Any]:
+    return {"start": entity.start, "end": entity.end, "text": entity.text, "label": entity.label, "score": entity.score}
+
+
+class PadeLLMNER:
+    """A loaded model: :meth:`predict_entities` for one text, :meth:`batch_predict_entities` for
+    several (one engine call, batched as the engine batches)."""
+
+    def __init__(self, engine: NEREngine, strategy: str | None = None, decoder: str | None = None) -> None:
+        self.engine = engine
+        self.strategy = strategy
+        self.decoder = decoder
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def labels(self) -> list[str]:
+        """The labels answered when none are named."""
+        return self.engine.labels
+
+    def extract(self, texts: Sequence[str], labels: Sequence[Label] | None = None, threshold: float = DEFAULT_THRESHOLD,
+                strategy: str | None = None, decoder: str | None = None) -> list[Extraction]:
+        """The engine's :class:`Extraction` of each text (entities and the batch's cost), below
+        ``threshold`` dropped."""
+        from ner_service.engine.results import checked_threshold
+
+        if isinstance(texts, str):
+            raise TypeError("texts must be a list of strings (predict_entities takes one string)")
+        threshold = checked_threshold(threshold)
+        options = self.engine.options(labels, strategy or self.strategy, decoder or self.decoder)
+        return [result.above(threshold) for result in self.engine.extract_with(options, list(texts))]
+
+    def predict_entities(self, text: str, labels: Sequence[Label] | None = None, threshold: float = DEFAULT_THRESHOLD,
+                         strategy: str | None = None, decoder: str | None = None) -> list[dict[str, Any]]:
+        """The entities of ``text`` as ``{"start", "end", "text", "label", "score"}`` dicts in
+        reading order (``end`` exclusive; ``text[start:end]`` is the mention). ``labels`` None:
+        the model's own."""
+        if not isinstance(text, str):
+            raise TypeError("predict_entities takes one string; batch_predict_entities takes a list")
+        [result] = self.extract([text], labels, threshold, strategy, decoder)
+        return [_entity(e) for e in result.entities]
+
+    def batch_predict_entities(self, texts: Sequence[str], labels: Sequence[Label] | None = None,
+                               threshold: float = DEFAULT_THRESHOLD, strategy: str | None = None,
+                               decoder: str | None = None) -> list[list[dict[str, Any]]]:
+        """:meth:`predict_entities` of each text, in one engine call."""
+        return [[_entity(e) for e in result.entities] for result in self.extract(texts, labels, threshold, strategy, decoder)]
+
+    def __repr__(self) -> str:
+        return f"PadeLLMNER({self.name!r}, labels={self.labels})"
+
+
+def load(model: str | Path = "en-conll03", device: str = "cpu", dtype: str = "float32", strategy: str | None = None,
+         decoder: str | None = None, **engine_options: Any) -> PadeLLMNER:
+    """A shipped model by name (``padellm-ner models`` lists them) or a folder holding
+    ``ner_model.json`` (what ``padellm-ner train`` writes), on ``device`` in ``dtype``
+    ("float32" or "bfloat16"). ``strategy`` and ``decoder`` are the defaults of its calls;
+    ``engine_options`` go to :class:`ner_service.engine.NEREngine` (``count_bias``, ...)."""
+    import torch
+
+    from ner_service.engine import NEREngine
+
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', not {dtype!r}")
+    engine = NEREngine.load(model, dtype=getattr(torch, dtype), device=device, **engine_options)
+    ner = PadeLLMNER(engine, strategy, decoder)
+    engine.options(None, strategy, decoder)  # a strategy or decoder the model cannot run is refused now, not at the first text
+    return ner
