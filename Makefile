@@ -1,10 +1,12 @@
 # The two commands of the README: `make run` (the main job on the shipped model, no external
 # service) and `make test` (the whole test suite). Both install what they need first.
+# `make lint` (ruff, configured in pyproject.toml) and `make test-fast` (the suite without the
+# tests marked slow) are for a change in progress; CI runs lint, then the whole suite.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TEXT ?= Angela Merkel met Emmanuel Macron in Paris to discuss the European Union budget .
 
-.PHONY: install run test bench
+.PHONY: install run test test-fast lint bench
 install: $(VENV)/.installed
 	$(VENV)/bin/padellm-ner prepare >/dev/null
 
@@ -21,6 +23,12 @@ run: install
 
 test: install
 	$(PY) -m pytest -q -ra
+
+test-fast: install
+	$(PY) -m pytest -q -ra -m "not slow"
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
 
 bench: install
 	$(PY) benchmarks/padellm_vs_ar.py --limit 100 --json benchmarks/results/padellm_vs_ar.json

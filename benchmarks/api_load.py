@@ -121,7 +121,7 @@ def main() -> None:
         with live_server(env, log, ready_timeout_s=600) as url:
             before: list[tuple[float, float]] = []
             load = drive(url, texts, args.clients, args.warmup, args.seconds, args.model,
-                         on_window_start=lambda: before.append(batch_totals(url)))
+                         on_window_start=lambda before=before, url=url: before.append(batch_totals(url)))
             (texts_before, calls_before), (texts_after, calls_after) = before[0], batch_totals(url)
             calls = calls_after - calls_before
             batch = (texts_after - texts_before) / calls if calls else float("nan")

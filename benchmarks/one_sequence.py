@@ -64,7 +64,7 @@ def main() -> None:
         identical = True
         for example in tqdm(examples, desc=f"{bucket} entities", unit="text"):
             spans = {}
-            for layout, backend in LAYOUTS.items():
+            for backend in LAYOUTS.values():
                 engine.extract([example.text], decoder=backend)  # warm-up for this shape
             for layout, backend in LAYOUTS.items():
                 times = []

@@ -109,7 +109,7 @@ def measure(engine: NEREngine, texts: list[str], batch_size: int, meter: Forward
         run.engine.extract(texts[:batch_size], strategy=run.strategy, decoder=run.decoder)
     for start in tqdm(range(0, len(texts), batch_size), desc=f"batch {batch_size}", unit="batch"):
         batch = texts[start:start + batch_size]
-        for name, run in runs.items():
+        for run in runs.values():
             meter.reset()
             began = time.perf_counter()
             results = run.engine.extract(batch, strategy=run.strategy, decoder=run.decoder)

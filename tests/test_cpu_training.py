@@ -208,7 +208,7 @@ def test_the_schedule_ends_when_the_run_is_out_of_minutes(tmp_path: Path, monkey
 
 
 def test_the_memory_ceiling_hands_the_pages_jemalloc_keeps_back_to_the_kernel() -> None:
-    from training.allocator import JEMALLOC_SETTINGS, MemoryCeiling, jemalloc_library
+    from training.allocator import JEMALLOC_SETTINGS, jemalloc_library
 
     library = jemalloc_library()
     if library is None:

@@ -302,7 +302,10 @@ def test_stray_cjk_characters_before_a_copy_are_dropped_but_never_half_the_menti
     half of it (two characters or more) is left; English answers are never cut ("Dave Sullivan"
     mixes two names) and "主任" is not made "任"; an answer in the text stays as it is."""
     text = "华夏控股出纳、会计；项目负责人；任 Mike Sullivan"
-    cut = lambda answer: without_stray_characters(text, Answer(Mention("TITLE", answer, -0.5), 7)).mention.text
+
+    def cut(answer: str) -> str:
+        return without_stray_characters(text, Answer(Mention("TITLE", answer, -0.5), 7)).mention.text
+
     assert [cut(a) for a in ("纳出纳", "总项目负责人", "项目负责人", "主任", "Dave Sullivan", "总经理会计", "")] == [
         "出纳", "项目负责人", "项目负责人", "主任", "Dave Sullivan", "总经理会计", ""]
     kept = without_stray_characters(text, Answer(Mention("TITLE", "纳出纳", -0.5), 7, 4))

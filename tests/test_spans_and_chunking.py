@@ -57,7 +57,10 @@ def test_a_model_with_a_shorter_span_margin_keeps_a_much_more_probable_shorter_s
     text = "毕业于伦敦大学生物化工专业，获学士学位。"
     found = [Entity(3, 13, "伦敦大学生物化工专业", "ORG", 0.37), Entity(7, 13, "生物化工专业", "PRO", 0.94),
              Entity(15, 17, "学士", "EDU", 0.9), Entity(15, 17, "学士", "TITLE", 0.3)]
-    labels = lambda kept: [(text[e.start:e.end], e.label) for e in kept]
+
+    def labels(kept: list[Entity]) -> list[tuple[str, str]]:
+        return [(text[e.start:e.end], e.label) for e in kept]
+
     assert labels(resolve_overlaps(found, 0.1)) == [("生物化工专业", "PRO"), ("学士", "EDU")]
     assert labels(resolve_overlaps(found)) == labels(resolve_overlaps(found, 0.6)) == [("伦敦大学生物化工专业", "ORG"), ("学士", "EDU")]
     text = "兰州大学经济系硕士毕业"

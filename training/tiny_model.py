@@ -27,7 +27,7 @@ def build_tokenizer(texts: list[str], labels: list[str], vocab_size: int = 1024)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    extra = [prompts.prefix(""), prompts.ar_query()] + [prompts.mention_query(l, 1, 1) for l in labels]
+    extra = [prompts.prefix(""), prompts.ar_query()] + [prompts.mention_query(label, 1, 1) for label in labels]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(texts + extra * 50, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS)

@@ -69,7 +69,7 @@ async def _queued_in_order(app: FastAPI, ordered: list[dict], then: list[dict]) 
             sent = []
             for count, body in enumerate(ordered, 1):
                 sent.append(asyncio.ensure_future(client.post("/v1/entities", json=body)))
-                await _until(lambda: batcher.pending_texts == count)
+                await _until(lambda count=count: batcher.pending_texts == count)
             sent.extend(asyncio.ensure_future(client.post("/v1/entities", json=body)) for body in then)
             return list(await asyncio.gather(*sent))
 

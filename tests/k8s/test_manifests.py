@@ -242,7 +242,7 @@ def test_network_policies_expose_only_the_api(objects):
             assert rules, workload
             for peer in (peer for rule in rules for peer in rule["from"]):
                 assert set(peer) == {"podSelector"}, f"{workload} admits {peer}"
-                admitted = {w for w, l in labels.items() if matches(peer["podSelector"], l)}
+                admitted = {w for w, pod_labels in labels.items() if matches(peer["podSelector"], pod_labels)}
                 assert {"api", "worker"} <= admitted <= APP_COMPONENTS, (workload, admitted)
 
 
@@ -266,7 +266,7 @@ def test_references_resolve(objects):
     labels = [template["metadata"]["labels"] for _, template in pod_templates(objects)]
     ports = {p["name"] for _, t in pod_templates(objects) for c in t["spec"]["containers"] for p in c.get("ports", [])}
     for service in find(objects, "Service"):
-        assert any(matches({"matchLabels": service["spec"]["selector"]}, l) for l in labels), service["metadata"]["name"]
+        assert any(matches({"matchLabels": service["spec"]["selector"]}, pod_labels) for pod_labels in labels), service["metadata"]["name"]
         assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
     for path in one(objects, "Ingress", "api")["spec"]["rules"][0]["http"]["paths"]:
         backend = path["backend"]["service"]
@@ -274,7 +274,7 @@ def test_references_resolve(objects):
     for hpa in find(objects, "HorizontalPodAutoscaler"):
         one(objects, hpa["spec"]["scaleTargetRef"]["kind"], hpa["spec"]["scaleTargetRef"]["name"])
     for pdb in find(objects, "PodDisruptionBudget"):
-        assert any(matches(pdb["spec"]["selector"], l) for l in labels)
+        assert any(matches(pdb["spec"]["selector"], pod_labels) for pod_labels in labels)
     secrets = {obj["metadata"]["name"]: obj["data"] for obj in find(objects, "Secret")}
     for _, template in pod_templates(objects):
         for c in containers(template):
