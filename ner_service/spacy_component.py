@@ -36,20 +36,20 @@ class PaDeLLMNER:
     """Sets ``doc.ents`` from PaDeLLM-NER (or another strategy) with the process's engine pool:
     components of the same model share its weights."""
 
-    def __init__(self, nlp: Language, name: str, model: str, labels: list[str] | None, strategy: str | None, decoder: str | None,
-                 batch_size: int) -> None:
+    def __init__(self, nlp: Language, name: str, model: str, labels: list[str | dict[str, str]] | None, strategy: str | None,
+                 decoder: str | None, batch_size: int) -> None:
         self.name = name
         self.configure(model, labels, strategy, decoder, batch_size)
 
-    def configure(self, model: str, labels: list[str] | None, strategy: str | None = None, decoder: str | None = None,
-                  batch_size: int = 16) -> None:
+    def configure(self, model: str, labels: list[str | dict[str, str]] | None, strategy: str | None = None,
+                  decoder: str | None = None, batch_size: int = 16) -> None:
         """Validate and set the options (:meth:`EnginePool.options`, against ``ner_model.json``;
         weights load on first use)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
         self.pool = EnginePool.shared()
         self.options: ExtractOptions = self.pool.options(model, labels=labels, strategy=strategy, decoder=decoder)
-        self.configured_labels = labels  # as given (None: all of the model's labels), for to_disk
+        self.configured_labels = labels  # as given (None: the model's labels; an open model takes any names), for to_disk
         self.batch_size = batch_size
 
     @property
@@ -111,7 +111,8 @@ class PaDeLLMNER:
     assigns=["doc.ents"],
 )
 def make_padellm_ner(
-    nlp: Language, name: str, model: str, labels: list[str] | None, strategy: str | None, decoder: str | None, batch_size: int
+    nlp: Language, name: str, model: str, labels: list[str | dict[str, str]] | None, strategy: str | None, decoder: str | None,
+    batch_size: int
 ) -> PaDeLLMNER:
     """spaCy factory of :class:`PaDeLLMNER` (config: model, labels, strategy (default
     ``padellm``), decoder (default ``copy``), batch_size); model ``"auto"`` is the shipped

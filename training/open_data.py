@@ -156,7 +156,7 @@ class MixtureSettings:
     seed: int = 0
 
 
-def _synonym(raw: str, name: str) -> str | None:
+def raw_label_synonym(raw: str, name: str) -> str | None:
     """The raw label read as words, when it is another name than ``name`` (``Simple_chemical``)."""
     words = raw.replace("_", " ").replace("-", " ").strip().lower()
     return words if len(words) >= 4 and words != name.lower() and any(c.isalpha() for c in words) and not words.isupper() else None
@@ -167,7 +167,7 @@ def _written(info: LabelInfo, rng: random.Random, settings: MixtureSettings) -> 
     name = info.name if rng.random() < 0.15 else info.name.lower()
     if info.description and roll < settings.description_rate:
         return f"{name} ({info.description})"
-    synonym = _synonym(info.raw, info.name)
+    synonym = raw_label_synonym(info.raw, info.name)
     if synonym and roll < settings.description_rate + settings.synonym_rate:
         return synonym
     return name

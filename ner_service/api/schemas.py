@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ner_service.engine.defaults import DEFAULT_DECODER, DEFAULT_STRATEGY
+from ner_service.engine.labels import MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, MAX_OPEN_LABELS
 from ner_service.engine.options import refuse_renamed
 
 
@@ -38,6 +39,18 @@ Str = Annotated[str, ACCEPTABLE]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=64), ACCEPTABLE]
 
 
+LabelName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS), ACCEPTABLE]
+
+
+class LabelIn(BaseModel):
+    """A label an open-label model is asked for, with what it means."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: LabelName
+    description: Annotated[str, StringConstraints(min_length=1, max_length=MAX_DESCRIPTION_CHARS), ACCEPTABLE] | None = None
+
+
 class EntitiesRequest(BaseModel):
     """Texts to analyse: exactly one of ``text`` and ``texts``."""
 
@@ -48,7 +61,10 @@ class EntitiesRequest(BaseModel):
 
     text: Str | None = Field(None, description="one text")
     texts: list[Str] | None = Field(None, min_length=1, description="several texts, answered in order")
-    labels: list[Name] | None = Field(None, min_length=1, max_length=64, description="a subset of the model's labels (default: all)")
+    labels: list[LabelName | LabelIn] | None = Field(
+        None, min_length=1, max_length=MAX_OPEN_LABELS,
+        description="a subset of the model's labels (default: all); an open-label model takes any names, each a string or "
+                    "`{\"name\", \"description\"}` (default: the labels its card names); names come back as given")
     strategy: Name | None = Field(None, description=f"how the model is asked: `padellm` (label-wise parallel decoding, the default), `ar` (the autoregressive baseline) or `fast_dllm` (a masked-diffusion model); default {DEFAULT_STRATEGY}")
     decoder: Name | None = Field(None, description=f"how the answers' tokens are produced: a registered decoder (default {DEFAULT_DECODER})")
     model: Annotated[str, StringConstraints(min_length=1, max_length=255), ACCEPTABLE] | None = Field(None, description="a shipped model name (default: the model of `language`, else the server's NER_MODEL)")
@@ -69,6 +85,10 @@ class EntitiesRequest(BaseModel):
 
     def all_texts(self) -> list[str]:
         return [self.text] if self.text is not None else list(self.texts or [])
+
+    def label_entries(self) -> list[str | dict[str, str | None]] | None:
+        """The labels as the engine's options take them (names, or name and description)."""
+        return None if self.labels is None else [label if isinstance(label, str) else label.model_dump() for label in self.labels]
 
 
 class EntityOut(BaseModel):

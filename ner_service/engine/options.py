@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from general_decoding import UnknownDecoderError, available_decoders
 from ner_service.engine.defaults import DEFAULT_DECODER, DEFAULT_STRATEGY
+from ner_service.engine.labels import InvalidLabelsError, LabelSpec, label_specs
 from ner_service.engine.ner_model import NERModelConfig, shipped_models_that
 from ner_service.engine.strategies import UnknownStrategyError, available_strategies, strategy_class
 
@@ -50,28 +51,44 @@ class ExtractOptions:
     As a caller fills them, None means the default; once :meth:`validated`, every field is set."""
 
     model: str
-    labels: tuple[str, ...] | None = None
+    #: As a caller fills them: names, ``{"name", "description"}`` mappings or :class:`LabelSpec`
+    #: objects; once validated, the names, sorted.
+    labels: tuple[str | LabelSpec, ...] | None = None
     strategy: str | None = None
     decoder: str | None = None
+    #: ``(name, description)`` of the labels that have one (open-label models; set by :meth:`validated`).
+    descriptions: tuple[tuple[str, str], ...] = ()
 
     def validated(self, config: NERModelConfig) -> "ExtractOptions":
         """These options checked against the model's ``ner_model.json``, defaults filled in: no
-        labels are all of the model's labels, given labels are deduplicated and sorted. Raises an
+        labels are the model's (an open model's default labels), given labels are deduplicated
+        and sorted; an open model takes any names (:func:`.labels.label_specs`). Raises an
         :class:`InvalidOptionsError` naming what is wrong and what the model supports."""
-        labels = _labels(self.labels, config, self.model)
+        specs = _labels(self.labels, config, self.model)
         strategy = _strategy(self.strategy or DEFAULT_STRATEGY, config, self.model)
-        return ExtractOptions(self.model, labels, strategy, _decoder(self.decoder or DEFAULT_DECODER, config, self.model))
+        return ExtractOptions(self.model, tuple(s.name for s in specs), strategy, _decoder(self.decoder or DEFAULT_DECODER, config, self.model),
+                              tuple((s.name, s.description) for s in specs if s.description))
+
+    def label_specs(self) -> tuple[LabelSpec, ...]:
+        """The validated labels with their descriptions."""
+        described = dict(self.descriptions)
+        return tuple(LabelSpec(name, described.get(name)) for name in self.labels or ())
 
 
-def _labels(labels: tuple[str, ...] | None, config: NERModelConfig, model: str) -> tuple[str, ...]:
+def _labels(labels: tuple[object, ...] | None, config: NERModelConfig, model: str) -> tuple[LabelSpec, ...]:
     if labels is None:
-        return tuple(config.labels)
-    if not labels:
-        raise InvalidOptionsError("labels must not be empty (leave them out for all of the model's labels)")
-    unknown = [label for label in labels if label not in config.labels]
+        return tuple(LabelSpec(label) for label in config.labels)
+    try:
+        specs = label_specs(labels, config.open_labels)
+    except InvalidLabelsError as error:
+        raise InvalidOptionsError(str(error)) from None
+    if config.open_labels:
+        return tuple(sorted(specs, key=lambda s: s.name))
+    unknown = [s.name for s in specs if s.name not in config.labels]
     if unknown:
-        raise UnknownLabelError(f"unknown label(s) {', '.join(map(repr, unknown))} for model {model!r}; it knows: {', '.join(config.labels)}")
-    return tuple(sorted(set(labels)))
+        raise UnknownLabelError(f"unknown label(s) {', '.join(map(repr, unknown))} for model {model!r}; it knows: {', '.join(config.labels)} "
+                                f"(an open-label model takes any: {', '.join(shipped_models_that(lambda c: c.open_labels)) or 'none shipped yet'})")
+    return tuple(LabelSpec(name) for name in sorted({s.name for s in specs}))
 
 
 def _strategy(name: str, config: NERModelConfig, model: str) -> str:

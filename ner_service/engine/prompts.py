@@ -94,8 +94,18 @@ def ar_answer_budget(tokenizer: "PreTrainedTokenizerBase", label_names: Iterable
     return max(1, text_tokens * (line + 2))
 
 
-def parse_ar_line(line: str) -> tuple[str, str] | None:
-    """``(label, mention)`` of one answer line, or None when the line is malformed."""
+def parse_ar_line(line: str, labels: Sequence[str] | None = None) -> tuple[str, str] | None:
+    """``(label, mention)`` of one answer line, or None when the line is malformed. Given the
+    ``labels`` asked (an open model's, whose names may hold a colon), the line's label is the
+    longest of them it starts with."""
+    if labels is not None:
+        line = line.strip()
+        asked = [label for label in labels if line.startswith(f"{label}: ")]
+        if not asked:
+            return None
+        label = max(asked, key=len)
+        mention = line[len(label) + 2:].strip()
+        return (label, mention) if mention else None
     match = AR_LINE.match(line.strip())
     if match is None or not match["mention"].strip():
         return None
@@ -132,9 +142,11 @@ class ARLine:
     logprob: float
 
 
-def parse_ar_answer(tokenizer: "PreTrainedTokenizerBase", tokens: Sequence[int], logprobs: Sequence[float]) -> list[ARLine]:
-    """Split an all-entities answer (:func:`ar_answer`) into its lines; malformed lines are dropped.
-    A line's log-probability sums its tokens up to the one holding its newline."""
+def parse_ar_answer(tokenizer: "PreTrainedTokenizerBase", tokens: Sequence[int], logprobs: Sequence[float],
+                    labels: Sequence[str] | None = None) -> list[ARLine]:
+    """Split an all-entities answer (:func:`ar_answer`) into its lines; malformed lines are dropped
+    (``labels`` as in :func:`parse_ar_line`). A line's log-probability sums its tokens up to the
+    one holding its newline."""
     groups: list[tuple[list[int], float]] = []
     group: list[int] = []
     group_lp = 0.0
@@ -149,7 +161,7 @@ def parse_ar_answer(tokenizer: "PreTrainedTokenizerBase", tokens: Sequence[int],
     for group, logprob in groups:
         head, _, tail = (carry + tokenizer.decode(group, skip_special_tokens=True)).partition("\n")
         carry = tail
-        pair = parse_ar_line(head)
+        pair = parse_ar_line(head, labels)
         if pair is not None:
             parsed.append(ARLine(pair[0], pair[1], logprob))
     return parsed

@@ -15,8 +15,8 @@ from ner_service.engine.strategies.base import Strategy
 
 
 def answer_mentions(ner_model: NERModel, tokens: list[int], logprobs: list[float], labels: list[str]) -> list[Mention]:
-    """The mentions of ``labels`` in an all-entities answer."""
-    lines = prompts.parse_ar_answer(ner_model.tokenizer, tokens, logprobs)
+    """The mentions of ``labels`` in an all-entities answer (an open model's lines are read by the labels asked)."""
+    lines = prompts.parse_ar_answer(ner_model.tokenizer, tokens, logprobs, labels if ner_model.config.open_labels else None)
     found = [Mention(ner_model.config.label_of(line.label), line.mention, line.logprob) for line in lines]
     return [mention for mention in found if mention.label in labels]
 
@@ -27,9 +27,10 @@ class Autoregressive(Strategy):
 
     def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
         tokenizer, config = self.ner_model.tokenizer, self.ner_model.config
-        ids, mask = left_pad([prompts.ar_prompt_ids(tokenizer, w.text) for w in windows], self.ner_model.pad_token_id)
+        listed = labels if config.open_labels else None  # an open model is told the labels it is asked for
+        ids, mask = left_pad([prompts.ar_prompt_ids(tokenizer, w.text, listed) for w in windows], self.ner_model.pad_token_id)
         # an answer that repeats itself ends at the length its text allows, not only at max_ar_tokens
-        names = [config.prompt_name(label) for label in config.labels]
+        names = listed or [config.prompt_name(label) for label in config.labels]
         budgets = [min(config.max_ar_tokens, prompts.ar_answer_budget(tokenizer, names, len(tokenizer(w.text, add_special_tokens=False).input_ids)))
                    for w in windows]
         stop = StopCriteria(max(budgets), self.ner_model.stop_token_ids)

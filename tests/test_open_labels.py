@@ -1,0 +1,143 @@
+"""Labels named at call time: the rules of a label list, an open-label model in the engine, the
+CLI's evaluate of a file's own labels, and the training rows that teach them.
+
+The open model here is the shipped English model's weights under an ``ner_model.json`` that
+declares it open: its answers are real, and it knows CoNLL-03's label names, so a right answer
+under a name asked at call time can be checked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corpora import Example, Span
+from ner_service.engine import NERModelConfig, prompts
+from ner_service.engine.labels import MAX_OPEN_LABELS, InvalidLabelsError, LabelSpec, label_specs
+from ner_service.engine.options import ExtractOptions, InvalidOptionsError, UnknownLabelError
+from tests.conftest import REPO
+
+SHIPPED = REPO / "ner_service" / "shipped_models"
+SENTENCE = "Angela Merkel met Emmanuel Macron in Paris ."
+
+
+@pytest.fixture(scope="module")
+def open_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    source = SHIPPED / "en-conll03"
+    if not (source / "ner_model.json").is_file():
+        pytest.skip("the shipped en-conll03 model is not in this checkout")
+    folder = tmp_path_factory.mktemp("open-model")
+    for path in source.iterdir():
+        if path.name != "ner_model.json":
+            (folder / path.name).symlink_to(path)
+    config = NERModelConfig.read(source)
+    config.open_labels, config.count_bias, config.name = True, 0.0, "open-test"
+    config.write(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def open_engine(open_folder: Path):
+    from ner_service.engine import NEREngine
+
+    return NEREngine.load(open_folder)
+
+
+def test_a_bad_open_label_list_is_refused_naming_the_entry_and_the_reason() -> None:
+    cases = {
+        "is empty": [""],
+        "asked twice": ["drug", "dose", "drug"],
+        "10,000 characters": ["x" * 10_000],
+        f"at most {MAX_OPEN_LABELS}": [f"type {n}" for n in range(MAX_OPEN_LABELS + 1)],
+        "line break": ["drug\ndose"],
+        "must not be empty": [],
+        "a name or": [{"name": "drug", "colour": "red"}],
+    }
+    for reason, labels in cases.items():
+        with pytest.raises(InvalidLabelsError, match=reason):
+            label_specs(labels, open_labels=True)
+    assert label_specs(["drug", {"name": "dose", "description": "an amount taken"}], open_labels=True) == (
+        LabelSpec("drug"), LabelSpec("dose", "an amount taken"))
+
+
+def test_a_model_of_its_own_labels_refuses_others_and_descriptions_saying_so() -> None:
+    config = NERModelConfig.read(SHIPPED / "en-conll03")
+    with pytest.raises(UnknownLabelError, match="unknown label.*'drug'.*it knows: LOC, MISC, ORG, PER"):
+        ExtractOptions("en-conll03", ("drug",)).validated(config)
+    with pytest.raises(InvalidOptionsError, match="descriptions are for open-label models"):
+        ExtractOptions("en-conll03", ({"name": "PER", "description": "a person"},)).validated(config)
+
+
+def test_an_open_model_takes_any_names_keeps_their_descriptions_and_answers_its_defaults_without(open_folder: Path) -> None:
+    config = NERModelConfig.read(open_folder)
+    options = ExtractOptions("open-test", ("zz top", {"name": "Drug", "description": "a medicine"})).validated(config)
+    assert options.labels == ("Drug", "zz top")
+    assert options.label_specs() == (LabelSpec("Drug", "a medicine"), LabelSpec("zz top"))
+    assert ExtractOptions("open-test").validated(config).labels == tuple(config.labels)
+
+
+def test_an_open_model_answers_each_label_under_the_name_given_with_or_without_its_description(open_engine) -> None:
+    asked = ["PER", {"name": "LOC", "description": "a place"}]
+    found = open_engine.extract([SENTENCE], labels=asked)[0].entities
+    assert {(e.text, e.label) for e in found} == {("Angela Merkel", "PER"), ("Emmanuel Macron", "PER"), ("Paris", "LOC")}
+    # this model never learnt the AR query that lists its labels: its lines are still read under the names asked
+    assert {e.label for e in open_engine.extract([SENTENCE], labels=asked, strategy="ar")[0].entities} <= {"PER", "LOC"}
+    only_places = open_engine.extract([SENTENCE], labels=["LOC"])[0].entities
+    assert [(e.text, e.label) for e in only_places] == [("Paris", "LOC")]
+
+
+def test_the_ar_query_of_an_open_model_lists_its_labels_and_its_lines_are_read_by_them() -> None:
+    assert prompts.ar_query() == "All entities:"
+    assert prompts.ar_query(["drug", "dose (an amount: mg)"]) == "All entities (drug; dose (an amount: mg)):"
+    assert prompts.parse_ar_line("dose (an amount: mg): 40 mg", ["drug", "dose (an amount: mg)"]) == ("dose (an amount: mg)", "40 mg")
+    assert prompts.parse_ar_line("colour: red", ["drug"]) is None
+
+
+def test_training_rows_of_an_open_record_ask_its_names_and_count_a_negative_as_zero() -> None:
+    from training.examples import query_answers
+
+    example = Example("40 mg aspirin", [Span(0, 5, "dose"), Span(6, 13, "drug")])
+    asked = query_answers(example, ["drug", "dose", "programming language"], ["padellm", "ar"], past_count=True, listed_labels=True)
+    pairs = {(qa.query, qa.answer) for qa in asked}
+    assert ("programming language count:", "0") in pairs
+    assert ("drug count:1\ndrug 1:", " aspirin") in pairs
+    assert ("All entities (drug; dose; programming language):", "\ndose: 40 mg\ndrug: aspirin") in pairs
+
+
+def test_the_open_mixture_asks_only_its_sources_labels_or_other_domains_and_never_a_held_out_corpus(data_dir: Path) -> None:
+    from training.open_data import ZERO_SHOT_CORPORA, Catalogue, MixtureSettings, raw_label_synonym, training_mixture
+
+    catalogue = Catalogue.read(data_dir / "open")
+    mixture = training_mixture(data_dir / "open", data_dir, MixtureSettings(records=400, seed=3))
+    assert not {e.corpus for e in mixture} & set(ZERO_SHOT_CORPORA)
+    assert {"conll2003", "resume"} <= {e.corpus for e in mixture}
+    specific = {name for names in catalogue.specific_names().values() for name in names}
+    for e in mixture:
+        assert e.labels and len(set(e.labels)) == len(e.labels)
+        assert {s.label for s in e.example.spans} <= set(e.labels)
+        if e.corpus in catalogue.labels:
+            infos = catalogue.labels[e.corpus].values()
+            own = {info.name.lower() for info in infos} | {raw_label_synonym(info.raw, info.name) for info in infos}
+            for label in e.labels:  # a name, a raw label, or a name and its description in brackets
+                written = label.lower()
+                assert any(written == name or written.startswith(f"{name} (") for name in own | specific), (e.corpus, label)
+
+
+def test_evaluate_scores_a_files_own_labels_on_an_open_model_under_the_names_asked(open_folder: Path, tmp_path: Path) -> None:
+    corpus = tmp_path / "places.jsonl"
+    corpus.write_text(json.dumps({"text": SENTENCE, "entities": [{"start": 37, "end": 42, "label": "city"},
+                                                                   {"start": 0, "end": 13, "label": "human"},
+                                                                   {"start": 18, "end": 33, "label": "human"}]}) + "\n", encoding="utf-8")
+    command = [sys.executable, "-m", "padellm_ner.cli", "evaluate", str(corpus), "--model", str(open_folder), "--json"]
+    asked = subprocess.run(command + ["--ask-as", "city=LOC,human=PER"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert asked.returncode == 0, asked.stderr
+    report = json.loads(asked.stdout)
+    assert set(report["per_label"]) == {"LOC", "PER"} and report["micro_f1"] == pytest.approx(100.0)
+    only = subprocess.run(command + ["--labels", "city", "--ask-as", "city=LOC"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert json.loads(only.stdout)["per_label"].keys() == {"LOC"}
+    closed = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "evaluate", str(corpus), "--ask-as", "city=LOC"],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert closed.returncode != 0 and "open-label models" in closed.stderr
