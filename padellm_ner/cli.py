@@ -159,16 +159,17 @@ def cmd_calibrate_counts(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from ner_service.engine.model_metrics import dev_scores, ms_per_text
     from ner_service.engine.ner_model import SELF_CONTAINED, NERModelConfig, resolve_ner_model, shipped_model_names
 
     for name in shipped_model_names():
         config = NERModelConfig.read(resolve_ner_model(name))
-        f1 = (config.metrics.get("dev") or {}).get("padellm", {}).get("micro_f1")
         base = "self-contained" if config.base == SELF_CONTAINED else config.base
-        print(f"{name:<16} {config.language}  labels={','.join(config.labels)}  base={base}"
-              + (f"  dev_f1={f1:.2f}" if isinstance(f1, float) else ""))
+        scores, ms = dev_scores(config.metrics), ms_per_text(config.metrics)
+        print(f"{name:<22} {config.language}  labels={','.join(config.labels)}  base={base}"
+              + (f"  dev_f1={scores[1]['micro_f1']:.2f} ({scores[0]})" if scores else "")
+              + (f"  {ms:,.0f} ms/text" if ms is not None else ""))
     return 0
-
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from ner_service.engine.model_loading import WHEEL_BASES, resolve_model_folder

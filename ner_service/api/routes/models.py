@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
 from ner_service.api.schemas import ErrorResponse, ModelInfo, ModelsResponse
 from ner_service.api.state import AuthenticatedRoute, StateDep
+from ner_service.engine.model_metrics import dev_f1
 from ner_service.engine.ner_model import SELF_CONTAINED
 
 router = APIRouter(prefix="/v1", tags=["models"], route_class=AuthenticatedRoute)
-
-
-def dev_f1(metrics: dict[str, Any]) -> float | None:
-    """The PaDeLLM dev micro-F1 recorded in a model's metrics (a final ``dev`` evaluation, else the training one)."""
-    for key in ("dev", "dev_during_training"):
-        f1 = ((metrics.get(key) or {}).get("padellm") or {}).get("micro_f1")
-        if isinstance(f1, (int, float)):
-            return float(f1)
-    return None
 
 
 @router.get("/models", response_model=ModelsResponse,
