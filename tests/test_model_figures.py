@@ -38,3 +38,9 @@ def test_the_readme_is_a_users_page() -> None:
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", README), "dates belong in CHANGELOG.md and git"
     for link in re.findall(r"\]\(([^)#]+)\)", README):
         assert link.startswith("http") or (REPO / link).exists(), link
+
+
+def test_each_page_of_docs_is_reference_of_at_most_400_lines() -> None:
+    pages = sorted((REPO / "docs").glob("*.md"))
+    assert {p.name for p in pages} >= {"architecture.md", "api.md", "decoders.md", "training.md", "deploy.md", "benchmarks.md"}
+    assert [p.name for p in pages if len(p.read_text(encoding="utf-8").splitlines()) > 400] == []
