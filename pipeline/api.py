@@ -101,7 +101,7 @@ async def submit_job(request: JobRequest, session: SessionDep, owner: OwnerDep, 
     url = f"{router.prefix}/jobs/{job.public_id}"
     response.headers["Location"] = url
     return JobAccepted(job_id=job.public_id, document_ids=submission.document_ids, status=job.status, total=job.total,
-                       model_version=job.model_version, strategy=job.strategy, status_url=url)
+                       model_version=job.model_version, strategy=job.strategy, labels=job.labels, status_url=url)
 
 
 def _store(request: JobRequest, session: Session, owner: str, key: str | None) -> Submission:
@@ -116,7 +116,8 @@ def _store(request: JobRequest, session: Session, owner: str, key: str | None) -
             ids = crud.add_documents(session, [crud.NewDocument(d.text, d.external_id, d.language, "api", owner) for d in request.documents])
         else:
             ids = crud.owned_document_ids(session, owner, [str(i) for i in request.document_ids or []])
-        job = crud.create_job(session, ids, routing.versions_for(pool, crud.languages_of(session, ids)), strategy, owner)
+        job = crud.create_job(session, ids, routing.versions_for(pool, crud.languages_of(session, ids)), strategy, owner,
+                              request.label_entries())
         public_ids = crud.public_ids_of(session, ids)
         if key is not None:
             crud.add_idempotency_key(session, owner, key, fingerprint, job.id, public_ids)
@@ -149,8 +150,8 @@ def _replay(session: Session, earlier: IdempotencyKey, fingerprint: str) -> Subm
 
 def _checked(request: JobRequest) -> tuple[EnginePool, str]:
     """The engine pool and the strategy of the request (validated as every extraction's options
-    are), once every model the job will use runs it (503 when ``NER_MODEL`` names no model, 422
-    for a strategy or language no model serves)."""
+    are), once every model the job will use runs it and takes its labels (503 when ``NER_MODEL``
+    names no model, 422 for a strategy, labels or language no model serves)."""
     from pipeline.tasks import get_pool
 
     pool = get_pool()
@@ -160,7 +161,8 @@ def _checked(request: JobRequest) -> tuple[EnginePool, str]:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from None
     try:
         models = [pool.default, *{pool.model_for(d.language) for d in request.documents or []}]
-        options = [pool.options(model, strategy=request.strategy) for model in models]  # the strategy runs on every model of the job
+        # the strategy and the labels run on every model of the job
+        options = [pool.options(model, labels=request.label_entries(), strategy=request.strategy) for model in models]
     except (ModelNotFoundError, InvalidOptionsError) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     return pool, str(options[0].strategy)

@@ -41,7 +41,13 @@ def model_version(engine) -> str:
     return model_version_of_path(engine.ner_model.path)
 
 
-def results_version(version: str, strategy: str = DEFAULT_STRATEGY) -> str:
-    """The key results are stored under: the model version, plus the strategy when it is not the default."""
-    return version if strategy == DEFAULT_STRATEGY else f"{version}+{strategy}"
+def results_version(version: str, strategy: str = DEFAULT_STRATEGY, labels: list | None = None) -> str:
+    """The key results are stored under: the model version, plus the strategy when it is not the
+    default, plus a digest of the labels asked when a job named them (results for other labels
+    are other results)."""
+    key = version if strategy == DEFAULT_STRATEGY else f"{version}+{strategy}"
+    if labels is None:
+        return key
+    digest = hashlib.sha256(json.dumps(labels, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:12]
+    return f"{key}+labels-{digest}"
 

@@ -76,7 +76,7 @@ class Document(Base):
 
 
 class Job(Base):
-    """A batch of documents processed by one model version and strategy, owned like its documents."""
+    """A batch of documents processed by one model version, strategy and label list, owned like its documents."""
 
     __tablename__ = "jobs"
 
@@ -89,6 +89,7 @@ class Job(Base):
     failed: Mapped[int] = mapped_column(Integer, default=0)
     model_version: Mapped[str] = mapped_column(String(128))
     strategy: Mapped[str] = mapped_column(String(16), default=DEFAULT_STRATEGY)
+    labels: Mapped[list | None] = mapped_column(JSON)  # as the request named them (None: each model's own); see results_version
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

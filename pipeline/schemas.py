@@ -10,7 +10,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from ner_service.api.schemas import ACCEPTABLE, EntityOut, Name, Str, string_problem
+from ner_service.api.schemas import ACCEPTABLE, EntityOut, LabelIn, LabelName, Name, Str, string_problem
+from ner_service.engine.labels import MAX_OPEN_LABELS
 from ner_service.engine.options import refuse_renamed
 from ner_service.settings import get_settings
 
@@ -61,6 +62,9 @@ class JobRequest(BaseModel):
     document_ids: list[UUID] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST,
                                             description="ids of documents stored before (the `document_ids` of an earlier job)")
     strategy: Name | None = Field(default=None, description="how the model is asked: padellm (default), ar or fast_dllm")
+    labels: list[LabelName | LabelIn] | None = Field(
+        default=None, min_length=1, max_length=MAX_OPEN_LABELS,
+        description="the labels to find, as in POST /v1/entities (default: each model's); an open-label model takes any names")
 
     @model_validator(mode="before")
     @classmethod
@@ -69,11 +73,24 @@ class JobRequest(BaseModel):
             refuse_renamed(data, {"decoder": "strategy"}, " in a job")
         return data
 
+    @field_validator("document_ids")
+    @classmethod
+    def _each_id_once(cls, ids: list[UUID] | None) -> list[UUID] | None:
+        """A job holds a document once: an id listed twice is a mistake to say, not to fold away."""
+        twice = next((i for n, i in enumerate(ids or []) if i in ids[:n]), None)
+        if twice is not None:
+            raise ValueError(f"document id {twice} is listed more than once")
+        return ids
+
     @model_validator(mode="after")
     def _one_source(self) -> "JobRequest":
         if (self.documents is None) == (self.document_ids is None):
             raise ValueError('give either "documents" or "document_ids"')
         return self
+
+    def label_entries(self) -> list[str | dict[str, str | None]] | None:
+        """The labels as the engine's options take them (names, or name and description)."""
+        return None if self.labels is None else [label if isinstance(label, str) else label.model_dump() for label in self.labels]
 
     def fingerprint(self) -> str:
         """SHA-256 of the request as parsed (canonical JSON): tells a retry from another request
@@ -90,6 +107,7 @@ class JobAccepted(BaseModel):
     total: int
     model_version: str
     strategy: str
+    labels: list[str | dict[str, str | None]] | None = None
     status_url: str
 
 
@@ -106,6 +124,7 @@ class JobOut(BaseModel):
     progress: float
     model_version: str
     strategy: str
+    labels: list[str | dict[str, str | None]] | None = None
     created_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None

@@ -12,6 +12,10 @@ import pytest
 os.environ["NER_MODEL"] = "tiny-conll03"
 os.environ["REDIS_URL"] = os.environ.get("PADELLM_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")  # another db for a second checkout
 os.environ["PIPELINE_CHUNK_SIZE"] = "4"
+# The entry points load models in NER_DTYPE, by default auto (bfloat16 on a CPU with bfloat16
+# instructions); the tests compare them with engines loaded in float32, so they run in float32
+# (tests/test_cpu_inference.py runs the auto path itself).
+os.environ.setdefault("NER_DTYPE", "float32")
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PADELLM_DATA", REPO.parent / "shared" / "data"))
@@ -57,3 +61,30 @@ def smollm2_en_engine():
 @pytest.fixture(scope="session")
 def diffusion_en_engine():
     return _shipped_engine("en-conll03-diffusion")
+
+
+@pytest.fixture(scope="session")
+def open_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped English model's weights under an ``ner_model.json`` that declares it open (any
+    labels at call time): real answers, and it knows CoNLL-03's label names, so that a right
+    answer under a name asked at call time can be checked."""
+    from ner_service.engine import NERModelConfig
+
+    source = REPO / "ner_service" / "shipped_models" / "en-conll03"
+    if not (source / "ner_model.json").is_file():
+        pytest.skip("the shipped en-conll03 model is not in this checkout")
+    folder = tmp_path_factory.mktemp("open-model")
+    for path in source.iterdir():
+        if path.name != "ner_model.json":
+            (folder / path.name).symlink_to(path)
+    config = NERModelConfig.read(source)
+    config.open_labels, config.count_bias, config.name = True, 0.0, "open-test"
+    config.write(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def open_engine(open_model_folder: Path):
+    from ner_service.engine import NEREngine
+
+    return NEREngine.load(open_model_folder)

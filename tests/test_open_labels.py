@@ -1,9 +1,6 @@
 """Labels named at call time: the rules of a label list, an open-label model in the engine, the
-CLI's evaluate of a file's own labels, and the training rows that teach them.
-
-The open model here is the shipped English model's weights under an ``ner_model.json`` that
-declares it open: its answers are real, and it knows CoNLL-03's label names, so a right answer
-under a name asked at call time can be checked."""
+CLI's evaluate of a file's own labels, and the training rows that teach them. The open model is
+the ``open_engine`` fixture (tests/conftest.py): the English model's weights declared open."""
 
 from __future__ import annotations
 
@@ -22,28 +19,6 @@ from tests.conftest import REPO
 
 SHIPPED = REPO / "ner_service" / "shipped_models"
 SENTENCE = "Angela Merkel met Emmanuel Macron in Paris ."
-
-
-@pytest.fixture(scope="module")
-def open_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    source = SHIPPED / "en-conll03"
-    if not (source / "ner_model.json").is_file():
-        pytest.skip("the shipped en-conll03 model is not in this checkout")
-    folder = tmp_path_factory.mktemp("open-model")
-    for path in source.iterdir():
-        if path.name != "ner_model.json":
-            (folder / path.name).symlink_to(path)
-    config = NERModelConfig.read(source)
-    config.open_labels, config.count_bias, config.name = True, 0.0, "open-test"
-    config.write(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def open_engine(open_folder: Path):
-    from ner_service.engine import NEREngine
-
-    return NEREngine.load(open_folder)
 
 
 def test_a_bad_open_label_list_is_refused_naming_the_entry_and_the_reason() -> None:
@@ -71,8 +46,8 @@ def test_a_model_of_its_own_labels_refuses_others_and_descriptions_saying_so() -
         ExtractOptions("en-conll03", ({"name": "PER", "description": "a person"},)).validated(config)
 
 
-def test_an_open_model_takes_any_names_keeps_their_descriptions_and_answers_its_defaults_without(open_folder: Path) -> None:
-    config = NERModelConfig.read(open_folder)
+def test_an_open_model_takes_any_names_keeps_their_descriptions_and_answers_its_defaults_without(open_model_folder: Path) -> None:
+    config = NERModelConfig.read(open_model_folder)
     options = ExtractOptions("open-test", ("zz top", {"name": "Drug", "description": "a medicine"})).validated(config)
     assert options.labels == ("Drug", "zz top")
     assert options.label_specs() == (LabelSpec("Drug", "a medicine"), LabelSpec("zz top"))
@@ -126,12 +101,12 @@ def test_the_open_mixture_asks_only_its_sources_labels_or_other_domains_and_neve
                 assert any(written == name or written.startswith(f"{name} (") for name in own | specific), (e.corpus, label)
 
 
-def test_evaluate_scores_a_files_own_labels_on_an_open_model_under_the_names_asked(open_folder: Path, tmp_path: Path) -> None:
+def test_evaluate_scores_a_files_own_labels_on_an_open_model_under_the_names_asked(open_model_folder: Path, tmp_path: Path) -> None:
     corpus = tmp_path / "places.jsonl"
     corpus.write_text(json.dumps({"text": SENTENCE, "entities": [{"start": 37, "end": 42, "label": "city"},
                                                                    {"start": 0, "end": 13, "label": "human"},
                                                                    {"start": 18, "end": 33, "label": "human"}]}) + "\n", encoding="utf-8")
-    command = [sys.executable, "-m", "padellm_ner.cli", "evaluate", str(corpus), "--model", str(open_folder), "--json"]
+    command = [sys.executable, "-m", "padellm_ner.cli", "evaluate", str(corpus), "--model", str(open_model_folder), "--json"]
     asked = subprocess.run(command + ["--ask-as", "city=LOC,human=PER"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert asked.returncode == 0, asked.stderr
     report = json.loads(asked.stdout)

@@ -33,6 +33,7 @@ from training.precision import resolve_precision
 from training.trainer import prepare_model, save_model
 
 SNAPSHOTS = "snapshots"
+RUN_CONFIG = "run_config.json"
 
 
 def mixture_settings(config: OpenTrainConfig) -> MixtureSettings:
@@ -76,6 +77,8 @@ def train_open(config: OpenTrainConfig) -> dict:
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     output = Path(config.output)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / RUN_CONFIG).write_text(json.dumps(asdict(config), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")  # for snapshots
     model, tokenizer, first_layer = prepare_model(config)
     rows = open_rows(config, tokenizer)
     ner_config = open_ner_config(config, tokenizer)

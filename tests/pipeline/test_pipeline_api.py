@@ -63,6 +63,9 @@ def test_inline_job_is_stored_and_enqueued(client: TestClient, redis_db13: str, 
     again = client.post("/v1/jobs", json={"documents": docs[:2], "strategy": "ar"})
     assert again.status_code == 202 and again.json()["total"] == 2 and again.json()["strategy"] == "ar"
     assert again.json()["document_ids"] == body["document_ids"][:2]
+    labelled = client.post("/v1/jobs", json={"documents": docs[:1], "labels": ["PER"]})
+    assert labelled.status_code == 202 and labelled.json()["labels"] == ["PER"] and body["labels"] is None
+    assert client.get(labelled.json()["status_url"]).json()["labels"] == ["PER"]
     by_id = client.post("/v1/jobs", json={"document_ids": [first, body["document_ids"][-1]]})
     assert by_id.json()["total"] == 2 and by_id.json()["document_ids"] == [first, body["document_ids"][-1]]
 
@@ -100,6 +103,9 @@ def test_processed_document_entities(client: TestClient, sessions, tiny_engine) 
     ({"documents": [{"text": "a"}], "strategy": "beam"}, 422, "unknown strategy 'beam'"),
     ({"documents": [{"text": "a"}], "strategy": "fast_dllm"}, 422, "not a masked-diffusion model"),
     ({"documents": [{"text": "a"}], "decoder": "ar"}, 422, "`decoder` in a job is now `strategy`"),
+    ({"documents": [{"text": "a"}], "labels": ["drug"]}, 422, "unknown label(s) 'drug' for model 'tiny-conll03'"),
+    ({"documents": [{"text": "a"}], "labels": [{"name": "PER", "description": "a person"}]}, 422, "descriptions are for open-label models"),
+    ({"documents": [{"text": "a"}], "labels": []}, 422, "at least 1"),
     ({"documents": [{"text": "a"}], "colour": "red"}, 422, "Extra inputs"),
     ({"documents": [{"text": "a", "colour": "red"}]}, 422, "Extra inputs"),
     ({"document_ids": ["6f1c3d7e-93a4-4b8e-9d57-2f0b9c1e4a10"]}, 404, "6f1c3d7e-93a4-4b8e-9d57-2f0b9c1e4a10"),

@@ -238,3 +238,21 @@ def test_a_fast_dllm_job_on_the_diffusion_model_stores_its_entities(sessions, di
         for doc_id, result in zip(ids, expected):
             found = crud.document_entities(session, doc_id)
             assert [(e.start, e.end, e.label) for e in found.entities] == sorted((e.start, e.end, e.label) for e in result.entities)
+
+
+def test_a_job_on_an_open_model_finds_the_labels_it_names_under_their_names(sessions, open_engine) -> None:
+    texts = ["Angela Merkel met Emmanuel Macron in Paris .", "Nothing to see here ."]
+    labels = ["PER", {"name": "LOC", "description": "a place"}]
+    version = model_version(open_engine)
+    with sessions.begin() as session:
+        ids = crud.add_documents(session, [crud.NewDocument(t, source="test") for t in texts])
+        job_id = crud.create_job(session, ids, version, labels=labels).id
+    status = run_job(sessions, EnginePool.serving(open_engine), job_id, chunk_size=2)
+    assert (status["status"], status["processed"], status["failed"]) == ("completed", 2, 0)
+    expected = open_engine.extract(texts, labels=labels)
+    assert ("Paris", "LOC") in {(e.text, e.label) for e in expected[0].entities}
+    with sessions() as session:
+        for doc_id, result in zip(ids, expected):
+            found = crud.document_entities(session, doc_id)
+            assert found.model_version == results_version(version, labels=labels) != version  # other labels, other results
+            assert [(e.start, e.end, e.label) for e in found.entities] == sorted((e.start, e.end, e.label) for e in result.entities)

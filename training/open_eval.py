@@ -1,0 +1,103 @@
+"""Score an open-label model, or a snapshot of an open run, on labels it never trained on.
+
+The zero-shot dev is :data:`training.open_data.ZERO_SHOT_CORPORA`: whole corpora of other domains
+and languages, each asked every name of its own label set, lower-cased; the supervised sets are
+CoNLL-03 and Resume dev asked their labels by plain name. ``python -m training.open_eval`` scores
+a model folder, or every snapshot of a run (quality against training minutes), and appends one
+JSON line per scored model to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from corpora import Example, Span, read_corpus
+from ner_service.engine import NEREngine, NERModel
+from training.evaluate import evaluate_engine
+from training.open_data import SUPERVISED_NAMES, zero_shot_sets
+
+SUPERVISED_DEV = {"conll2003": "conll2003/dev.txt", "resume": "resume/dev.txt"}
+
+
+def named(examples: list[Example], names: dict[str, str]) -> list[Example]:
+    """``examples`` with their spans under the names a query writes (spans of other labels dropped)."""
+    return [Example(e.text, [Span(s.start, s.end, names[s.label]) for s in e.spans if s.label in names]) for e in examples]
+
+
+def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit: int, batch_size: int = 16) -> dict:
+    """Micro-F1 of each zero-shot corpus and of each supervised dev (first ``supervised_limit``
+    texts; None: all), and the zero-shot average."""
+    scores: dict[str, dict] = {}
+    for held_out in zero_shot_sets(data / "open", limit):
+        report = evaluate_engine(engine, held_out.examples, labels=held_out.labels, batch_size=batch_size, progress=False)
+        scores[held_out.corpus] = {"micro_f1": round(report["micro_f1"], 2), "texts": len(held_out.examples), "split": held_out.split}
+    zero_shot = statistics.fmean(s["micro_f1"] for s in scores.values())
+    for corpus, relative in SUPERVISED_DEV.items():
+        examples = named(read_corpus(str(data / relative))[:supervised_limit], SUPERVISED_NAMES[corpus])
+        report = evaluate_engine(engine, examples, labels=sorted(set(SUPERVISED_NAMES[corpus].values())), batch_size=batch_size, progress=False)
+        scores[corpus] = {"micro_f1": round(report["micro_f1"], 2), "texts": len(examples), "split": "dev"}
+    return {"zero_shot_average": round(zero_shot, 2), "scores": scores}
+
+
+def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine, dict]:
+    """The engine of a run's snapshot: the run's starting model with the snapshot's trained weights
+    (None: the starting model as it is, asked as an open model: the baseline that never saw open labels)."""
+    import torch
+
+    from ner_service.engine.ner_model import load_base
+    from training.configs import OpenTrainConfig
+    from training.open_trainer import open_ner_config
+
+    config = OpenTrainConfig(**json.loads((run_output / "run_config.json").read_text(encoding="utf-8")))
+    model, tokenizer = load_base(config.base)
+    if snapshot is None:
+        return NEREngine(NERModel(model.eval(), tokenizer, open_ner_config(config, tokenizer), run_output)), {"seconds": 0, "step": 0}
+    saved = torch.load(snapshot, weights_only=False)
+    missing = set(saved["params"]) - {name for name, _ in model.named_parameters()}
+    if missing:
+        raise ValueError(f"{snapshot}: weights the model lacks: {sorted(missing)[:3]}")
+    model.load_state_dict({name: value.float() for name, value in saved["params"].items()}, strict=False)
+    model.eval()
+    return NEREngine(NERModel(model, tokenizer, open_ner_config(config, tokenizer), run_output)), saved
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="an open model (a shipped name or folder), or a run's output folder with snapshots/")
+    parser.add_argument("--data", default="../shared/data", help="the folder holding open/, conll2003/ and resume/")
+    parser.add_argument("--limit", type=int, default=100, help="texts of each zero-shot corpus (default: %(default)s)")
+    parser.add_argument("--supervised-limit", type=int, default=None, help="texts of each supervised dev (default: all)")
+    parser.add_argument("--snapshot", default=None, help="score only this snapshot of the run (default: every one not yet in --json)")
+    parser.add_argument("--baseline", action="store_true", help="score the run's starting model instead, asked as an open model")
+    parser.add_argument("--json", default=None, help="append one JSON line per scored model to this file")
+    args = parser.parse_args()
+    data, target = Path(args.data), Path(args.model)
+    done = set()
+    if args.json and Path(args.json).is_file():
+        done = {json.loads(line).get("snapshot") for line in Path(args.json).read_text(encoding="utf-8").splitlines() if line.strip()}
+    if args.baseline:
+        jobs = [(None, lambda: snapshot_engine(target, None))]
+    elif (target / "snapshots").is_dir():
+        snapshots = [Path(args.snapshot)] if args.snapshot else sorted((target / "snapshots").glob("snapshot-*.pt"))
+        jobs = [(s, lambda s=s: snapshot_engine(target, s)) for s in snapshots if s.name not in done]
+    else:
+        jobs = [(None, lambda: (NEREngine.load(args.model, dtype="auto"), {}))]
+    for snapshot, load in jobs:
+        began = time.perf_counter()
+        engine, saved = load()
+        result = {"model": str(target), "snapshot": snapshot.name if snapshot else ("baseline" if args.baseline else None),
+                  "train_minutes": round(saved.get("seconds", 0) / 60, 1) if saved else None, "step": saved.get("step") if saved else None,
+                  **score_open_model(engine, data, args.limit, args.supervised_limit), "eval_seconds": round(time.perf_counter() - began)}
+        print(json.dumps(result, ensure_ascii=False), flush=True)
+        if args.json:
+            with open(args.json, "a", encoding="utf-8") as out:
+                out.write(json.dumps(result, ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
