@@ -107,6 +107,7 @@ def test_calibrate_counts_writes_a_table_the_engine_then_uses(tmp_path: Path, da
                            "--model", str(model), "--limit", "32", "--write"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "| label | pairs |" in done.stdout and f"written to {model / 'ner_model.json'}" in done.stdout
+    assert "Chosen on the choose half of dev" in done.stdout and "Report half: micro-F1" in done.stdout
     written = json.loads((model / "ner_model.json").read_text())["count_bias"]
     printed = json.loads(done.stdout.split("count_bias: ", 1)[1].splitlines()[0])
     assert written == printed

@@ -70,8 +70,7 @@ def test_a_small_budget_keeps_the_largest_part_of_the_change_within_it(tuned: Pa
 
 
 def test_the_stored_adapter_gets_the_count_biases_its_own_calibration_chooses(tuned: Path, tiny_engine) -> None:
-    from corpora import read_corpus
-    from training.count_calibration import calibrate
+    from training.count_calibration import calibrate_on_halves
 
     config = LowRankConfig(model=str(tuned / "model"), base=str(tiny_engine.ner_model.path), output=str(tuned / "calibrated"),
                            max_megabytes=0.03, dev=str(tuned / "train.jsonl"), eval_limit=2, calibrate_counts=True)
@@ -79,7 +78,7 @@ def test_the_stored_adapter_gets_the_count_biases_its_own_calibration_chooses(tu
     saved = json.loads((tuned / "calibrated" / "ner_model.json").read_text())
     tuned_bias = json.loads((tuned / "model" / "ner_model.json").read_text())["count_bias"]  # where the calibration starts
     stored = NEREngine.load(tuned / "calibrated", count_bias=tuned_bias)
-    again = calibrate(stored, read_corpus(config.dev), config.eval_batch_size)
+    again = calibrate_on_halves(stored, config.dev, config.eval_batch_size)
     assert saved["count_bias"] == again.setting()
     assert summary["count_calibration"] == again.table() and again.table() in (tuned / "calibrated" / "README.md").read_text()
 

@@ -235,10 +235,9 @@ def test_a_model_trained_further_keeps_its_decoding_choices_unless_the_run_sets_
 
 
 def test_a_run_can_choose_its_count_bias_on_dev_as_calibrate_counts_would(tmp_path: Path, tiny_engine) -> None:
-    from corpora import read_corpus
     from ner_service.engine import NEREngine
     from ner_service.engine.count_bias import CountBias
-    from training.count_calibration import calibrate
+    from training.count_calibration import calibrate_on_halves
 
     base = tmp_path / "tiny"
     shutil.copytree(tiny_engine.ner_model.path, base)
@@ -251,9 +250,10 @@ def test_a_run_can_choose_its_count_bias_on_dev_as_calibrate_counts_would(tmp_pa
     summary = train(run)
     written = CountBias.of(json.loads((tmp_path / "calibrated" / "ner_model.json").read_text())["count_bias"])
     trained = NEREngine.load(tmp_path / "calibrated", count_bias=inherited)
-    expected = calibrate(trained, read_corpus(str(data)), 4, progress=False)
+    expected = calibrate_on_halves(trained, data, 4, progress=False)
     assert written.setting(trained.labels) == expected.setting()
-    assert summary["count_calibration"] == expected.table() and "| PER | 6 | " in summary["count_calibration"]
+    assert summary["count_calibration"] == expected.table() and "| PER | 3 | " in summary["count_calibration"]
+    assert "Report half: micro-F1" in summary["count_calibration"]
     assert "## Count bias chosen on dev" in (tmp_path / "calibrated" / "README.md").read_text()
     with pytest.raises(ValueError, match="calibrate_counts .* needs dev"):
         train(replace(run, dev=None, output=str(tmp_path / "no-dev")))

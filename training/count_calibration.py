@@ -12,7 +12,8 @@ model. The engine then finds every dev text's entities under the model's bias, a
 ascent over :data:`GRID` moves one label's bias at a time while the dev micro-F1 rises; a move
 runs the engine again only on the texts whose counts it changes (:class:`EntitiesByCounts`: a
 text's entities follow from its counts). The F1 reported is the one ``padellm-ner evaluate``
-gives with the chosen bias.
+gives with the chosen bias. A model's biases are chosen on the choose half of dev and kept only
+when they carry to the report half (:func:`calibrate_on_halves`, :mod:`corpora.dev_halves`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from corpora import Example, read_corpus
+from corpora import Example
+from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine, NERModelConfig
 from ner_service.engine.count_bias import CountBias, CountBiasSetting
 from ner_service.engine.query_runners import SharedPrefixRunner
@@ -238,10 +240,53 @@ def calibrate(engine: NEREngine, examples: Sequence[Example], batch_size: int = 
     return Calibration(per_label, _summary(before), _summary(after))
 
 
+@dataclass(frozen=True)
+class HalvesCalibration:
+    """Biases chosen on the dev file's choose half, and what they do on its report half: a
+    choice that lowers the report half's micro-F1 does not carry, and the model's biases stay."""
+
+    chosen: Calibration
+    report_before: dict[str, float] | None  # None: the file has no report half (one document)
+    report_after: dict[str, float] | None
+
+    @property
+    def carried(self) -> bool:
+        return self.report_after is None or self.report_before is None or self.report_after["f1"] >= self.report_before["f1"]
+
+    @property
+    def biases(self) -> Biases:
+        return self.chosen.biases if self.carried else {c.label: c.was for c in self.chosen.labels}
+
+    def setting(self) -> CountBiasSetting:
+        return CountBias.of(self.biases).setting([c.label for c in self.chosen.labels])
+
+    def table(self) -> str:
+        chosen = f"Chosen on the choose half of dev:\n\n{self.chosen.table()}\n\n"
+        if self.report_after is None or self.report_before is None:
+            return chosen + "Report half: none (the file is one document)"
+        verdict = "kept" if self.carried else "not kept: it does not carry to the report half"
+        return chosen + f"Report half: micro-F1 {_prf(self.report_after)} (was {_prf(self.report_before)}); {verdict}"
+
+
+def calibrate_on_halves(engine: NEREngine, dev: str | Path, batch_size: int = 16, limit: int | None = None,
+                        progress: bool = True) -> HalvesCalibration:
+    """Choose each label's count bias on the choose half of ``dev`` (:mod:`corpora.dev_halves`;
+    its first ``limit`` texts) and score the choice on the report half."""
+    halves = dev_halves(dev)
+    chosen = calibrate(engine, halves.choose[:limit], batch_size, progress)
+    report = halves.report[:limit]
+    if not report:
+        return HalvesCalibration(chosen, None, None)
+    found = EntitiesByCounts(engine, report, count_scores(engine, report, batch_size, progress), batch_size)
+    was = {c.label: c.was for c in chosen.labels}
+    return HalvesCalibration(chosen, _summary(found.f1(was, progress)), _summary(found.f1(chosen.biases, progress)))
+
+
 def calibrate_model(engine: NEREngine, ner_config: NERModelConfig, dev: str | Path, batch_size: int = 16, limit: int | None = None) -> str:
-    """Choose the count biases of ``engine``'s model on the dev file (its first ``limit`` texts),
-    set them in ``ner_config`` and return the calibration's table: a trainer's last step."""
-    calibration = calibrate(engine, read_corpus(dev)[:limit], batch_size)
+    """Choose the count biases of ``engine``'s model on the choose half of the dev file (its first
+    ``limit`` texts), set them in ``ner_config`` when they carry to the report half, and return
+    the table of both halves: a trainer's last step."""
+    calibration = calibrate_on_halves(engine, dev, batch_size, limit)
     ner_config.count_bias = calibration.setting()
     return calibration.table()
 
