@@ -2,8 +2,8 @@
 
 Registered through the ``spacy_factories`` entry point of the package, so it works in any pipeline
 (``spacy.blank("en")``, ``spacy.blank("zh")``...) once the package is installed. Each entity's
-probability is kept in ``span._.padellm_score`` and the cost of the engine batch in
-``doc._.padellm_stats``. ``nlp.pipe`` runs one engine batch per ``batch_size`` docs (the config's
+probability is kept in ``span._.padellm_score`` (``threshold`` in the config drops entities scored
+below it) and the cost of the engine batch in ``doc._.padellm_stats``. ``nlp.pipe`` runs one engine batch per ``batch_size`` docs (the config's
 ``batch_size`` bounds it: a larger ``nlp.pipe(batch_size=...)`` does not raise it).
 """
 
@@ -19,6 +19,7 @@ from spacy.util import filter_spans, minibatch
 
 from ner_service.engine import EnginePool, Extraction, ExtractOptions, default_model_for_language
 from ner_service.engine.options import refuse_renamed
+from ner_service.engine.results import checked_threshold
 
 FACTORY = "padellm_ner"
 SCORE_EXTENSION = "padellm_score"
@@ -37,16 +38,17 @@ class PaDeLLMNER:
     components of the same model share its weights."""
 
     def __init__(self, nlp: Language, name: str, model: str, labels: list[str | dict[str, str]] | None, strategy: str | None,
-                 decoder: str | None, batch_size: int) -> None:
+                 decoder: str | None, batch_size: int, threshold: float = 0.0) -> None:
         self.name = name
-        self.configure(model, labels, strategy, decoder, batch_size)
+        self.configure(model, labels, strategy, decoder, batch_size, threshold)
 
     def configure(self, model: str, labels: list[str | dict[str, str]] | None, strategy: str | None = None,
-                  decoder: str | None = None, batch_size: int = 16) -> None:
+                  decoder: str | None = None, batch_size: int = 16, threshold: float = 0.0) -> None:
         """Validate and set the options (:meth:`EnginePool.options`, against ``ner_model.json``;
-        weights load on first use)."""
+        weights load on first use); ``threshold`` from 0 to 1 (:func:`checked_threshold`)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        self.threshold = checked_threshold(threshold)
         self.pool = EnginePool.shared()
         self.options: ExtractOptions = self.pool.options(model, labels=labels, strategy=strategy, decoder=decoder)
         self.configured_labels = labels  # as given (None: the model's labels; an open model takes any names), for to_disk
@@ -65,7 +67,7 @@ class PaDeLLMNER:
         for batch in minibatch(stream, size=min(batch_size or self.batch_size, self.batch_size)):
             extractions = self.pool.extract(self.options, [doc.text for doc in batch], self.batch_size)
             for doc, extraction in zip(batch, extractions):
-                self.set_entities(doc, extraction)
+                self.set_entities(doc, extraction.above(self.threshold))
                 yield doc
 
     @staticmethod
@@ -93,7 +95,7 @@ class PaDeLLMNER:
         folder.mkdir(parents=True, exist_ok=True)
         labels = list(self.configured_labels) if self.configured_labels is not None else None
         options = {"model": self.options.model, "labels": labels, "strategy": self.options.strategy, "decoder": self.options.decoder,
-                   "batch_size": self.batch_size}
+                   "batch_size": self.batch_size, "threshold": self.threshold}
         (folder / CONFIG_FILE).write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
 
     def from_disk(self, path: str | Path, *, exclude: Iterable[str] = ()) -> "PaDeLLMNER":
@@ -107,16 +109,17 @@ class PaDeLLMNER:
 
 @Language.factory(
     FACTORY,
-    default_config={"model": AUTO_MODEL, "labels": None, "strategy": None, "decoder": None, "batch_size": 16},
+    default_config={"model": AUTO_MODEL, "labels": None, "strategy": None, "decoder": None, "batch_size": 16, "threshold": 0.0},
     assigns=["doc.ents"],
 )
 def make_padellm_ner(
     nlp: Language, name: str, model: str, labels: list[str | dict[str, str]] | None, strategy: str | None, decoder: str | None,
-    batch_size: int
+    batch_size: int, threshold: float
 ) -> PaDeLLMNER:
     """spaCy factory of :class:`PaDeLLMNER` (config: model, labels, strategy (default
-    ``padellm``), decoder (default ``copy``), batch_size); model ``"auto"`` is the shipped
-    default for the pipeline's language (``spacy.blank("zh")`` → zh-resume)."""
+    ``padellm``), decoder (default ``copy``), batch_size, threshold (default 0: every entity));
+    model ``"auto"`` is the shipped default for the pipeline's language (``spacy.blank("zh")`` →
+    zh-resume)."""
     if model == AUTO_MODEL:
         model = default_model_for_language(nlp.lang)
-    return PaDeLLMNER(nlp, name, model, labels, strategy, decoder, batch_size)
+    return PaDeLLMNER(nlp, name, model, labels, strategy, decoder, batch_size, threshold)

@@ -251,3 +251,16 @@ def test_kept_vocabulary_without_a_kept_vocabulary_ends_with_one_line(tmp_path: 
     line = _one_line_exit(_run("kept_vocabulary.py", "--model", "tiny-conll03", "--limit", "2",
                                "--data", str(data_dir / "resume" / "dev.txt"), "--json", str(tmp_path / "k.json")))
     assert "not trained over a kept vocabulary" in line
+
+
+def test_score_calibration_reports_precision_and_recall_at_each_threshold(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "score_calibration.json"
+    report = _report(_run("score_calibration.py", "--model", "tiny-conll03", "--limit", "8", "--strategies", "padellm,ar",
+                          "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    assert report["n_texts"] == 8 and set(report["strategies"]) == {"padellm", "ar"}
+    for measured in report["strategies"].values():
+        rows = measured["thresholds"]
+        assert [r["threshold"] for r in rows] == [0.0, 0.3, 0.5, 0.7]
+        assert rows[0]["kept"] == measured["mentions"] > 0 and [r["kept"] for r in rows] == sorted((r["kept"] for r in rows), reverse=True)
+        assert [r["recall"] for r in rows] == sorted((r["recall"] for r in rows), reverse=True)  # a higher threshold never finds more
+        assert sum(b["mentions"] for b in measured["reliability"]) == measured["mentions"] and 0 <= measured["ece"] <= 1

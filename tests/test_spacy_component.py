@@ -51,6 +51,7 @@ def test_the_factory_comes_from_the_installed_entry_point() -> None:
         ({"decoder": "lud"}, "decoder 'lud' cannot run on model 'tiny-conll03'.*not fine-tuned for lexical units"),
         ({"decoder": "speculative"}, "needs a loaded draft model"),
         ({"batch_size": 0}, "batch_size must be at least 1"),
+        ({"threshold": 1.5}, "threshold must be a number from 0 to 1"),
     ],
 )
 def test_bad_config_is_refused_when_the_pipe_is_added(config: dict, message: str) -> None:
@@ -92,8 +93,21 @@ def test_nlp_pipe_runs_one_engine_batch_per_batch_size_docs(tiny_engine: NEREngi
     ]
 
 
+def test_threshold_drops_the_entities_scored_below_it(tiny_engine: NEREngine) -> None:
+    texts = [f"Peter Blackburn visited Brussels on day {i} ." for i in range(4)] + ["EU rejects German call ."]
+    scores = sorted({e.score for result in tiny_engine.extract(texts) for e in result.entities})
+    assert len(scores) >= 2, scores
+    cut = (scores[0] + scores[-1]) / 2
+    every, some = spacy.blank("en"), spacy.blank("en")
+    every.add_pipe(FACTORY, config=TINY)
+    some.add_pipe(FACTORY, config=TINY | {"threshold": cut})
+    all_scores = [span._.padellm_score for doc in every.pipe(texts) for span in doc.ents]
+    kept = [span._.padellm_score for doc in some.pipe(texts) for span in doc.ents]
+    assert kept == [score for score in all_scores if score >= cut] and 0 < len(kept) < len(all_scores)
+
+
 def test_to_disk_from_disk_round_trip(tmp_path: Path) -> None:
-    options = TINY | {"labels": ["LOC", "MISC"], "strategy": "ar", "decoder": "greedy", "batch_size": 3}
+    options = TINY | {"labels": ["LOC", "MISC"], "strategy": "ar", "decoder": "greedy", "batch_size": 3, "threshold": 0.0}
     nlp = spacy.blank("en")
     nlp.add_pipe(FACTORY, config=options)
     nlp.to_disk(tmp_path / "pipeline")
