@@ -47,6 +47,19 @@ def test_several_texts_keep_their_order_and_options(client: TestClient, tiny_eng
     assert body["results"][2] == {"entities": [], "stats": body["results"][2]["stats"]}  # the empty text
 
 
+def test_threshold_drops_the_entities_scored_below_it(client: TestClient, tiny_engine: NEREngine) -> None:
+    expected = _engine_view(tiny_engine, TEXTS)
+    scores = sorted({e["score"] for entities in expected for e in entities})
+    assert len(scores) >= 2, scores  # a cut between two scores keeps some and drops some
+    cut = (scores[0] + scores[-1]) / 2
+    response = client.post("/v1/entities", json={"texts": TEXTS, "threshold": cut})
+    assert response.status_code == 200, response.text
+    kept = [r["entities"] for r in response.json()["results"]]
+    assert kept == [[e for e in entities if e["score"] >= cut] for entities in expected] and 0 < sum(map(len, kept)) < sum(map(len, expected))
+    refused = client.post("/v1/entities", json={"text": TEXTS[0], "threshold": 1.5})
+    assert refused.status_code == 422 and "threshold" in refused.text
+
+
 @pytest.mark.parametrize(("fields", "message"), [
     ({"decoder": "ar"}, "'ar' is a strategy: send it as `strategy`"),  # the old ``decoder`` named the strategy
     ({"backend": "anpd"}, "`backend` is now `decoder`"),  # ... and ``backend`` the decoder

@@ -98,7 +98,8 @@ async def extract_entities(body: EntitiesRequest, request: Request, state: State
         decoder=options.decoder,
         decoders_used=list(dict.fromkeys(name for extraction in extractions for name in extraction.stats.decoders)),
         results=[
-            TextResult(entities=[EntityOut(**entity.to_dict()) for entity in extraction.entities], stats=StatsOut(**extraction.stats.to_dict()))
+            TextResult(entities=[EntityOut(**entity.to_dict()) for entity in extraction.above(body.threshold).entities],
+                       stats=StatsOut(**extraction.stats.to_dict()))
             for extraction in extractions
         ],
         elapsed_ms=(time.perf_counter() - began) * 1000,
