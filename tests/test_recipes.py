@@ -4,6 +4,7 @@ sentences on the CPU into a model the engine loads and runs; bad recipes are cle
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,13 @@ def small_data(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     for corpus in CORPORA:
         _head(data_dir / corpus / "train.txt", folder / corpus / "train.txt", 12)
         _head(data_dir / corpus / "dev.txt", folder / corpus / "dev.txt", 2)  # dev scoring is most of a smoke run
+    (folder / "open").mkdir()
+    shutil.copy(data_dir / "open" / "labels.tsv", folder / "open" / "labels.tsv")
+    for corpus in ("scierc", "snips", "cluener"):  # the open recipe's corpora: three of them, 12 records each
+        (folder / "open" / corpus).mkdir()
+        shutil.copy(data_dir / "open" / corpus / "sources.json", folder / "open" / corpus / "sources.json")
+        lines = (data_dir / "open" / corpus / "train.jsonl").read_text(encoding="utf-8").splitlines()[:12]
+        (folder / "open" / corpus / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return folder
 
 

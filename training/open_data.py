@@ -101,7 +101,8 @@ class Catalogue:
         return catalogue
 
     def corpora(self) -> list[str]:
-        return sorted(self.labels)
+        """The corpora of ``labels.tsv`` present in the folder (a partial copy holds some)."""
+        return sorted(corpus for corpus in self.labels if (self.folder / corpus / "sources.json").is_file())
 
     def sources(self, corpus: str) -> dict[str, list[str]]:
         return json.loads((self.folder / corpus / "sources.json").read_text(encoding="utf-8"))
@@ -253,7 +254,7 @@ def zero_shot_sets(open_folder: str | Path, limit: int = 100, seed: int = 0) -> 
     spans relabelled with their lower-cased names; a corpus's records are asked every name of it."""
     catalogue = Catalogue.read(open_folder)
     sets = []
-    for corpus in ZERO_SHOT_CORPORA:
+    for corpus in [c for c in ZERO_SHOT_CORPORA if c in catalogue.corpora()]:
         split = "dev" if (catalogue.folder / corpus / "dev.jsonl").is_file() else "test"
         records = catalogue.records(corpus, split)
         random.Random(seed).shuffle(records)
