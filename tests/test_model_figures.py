@@ -44,3 +44,18 @@ def test_each_page_of_docs_is_reference_of_at_most_400_lines() -> None:
     pages = sorted((REPO / "docs").glob("*.md"))
     assert {p.name for p in pages} >= {"architecture.md", "api.md", "decoders.md", "training.md", "deploy.md", "benchmarks.md"}
     assert [p.name for p in pages if len(p.read_text(encoding="utf-8").splitlines()) > 400] == []
+
+
+CARD_SECTIONS = ["## Intended use", "## Training data", "## Training procedure", "## Evaluation", "## Limitations", "## Licence"]
+
+
+def test_each_current_models_card_is_short_in_the_hugging_face_layout_and_shows_its_figures() -> None:
+    for name in readme_models():
+        folder = resolve_ner_model(name)
+        card = (folder / "MODEL_CARD.md").read_text(encoding="utf-8")
+        assert len(card.splitlines()) <= 100, name
+        assert card.startswith("---\n") and "\nlicense: " in card.split("\n---\n")[0], name  # the YAML header a hub reads
+        assert [section for section in CARD_SECTIONS if section in card] == CARD_SECTIONS, name
+        assert f"    padellm-ner train --recipe {name}\n" in card, name
+        assert f"| **{dev_f1(NERModelConfig.read(folder).metrics):.2f}** |" in card, name
+        assert "issue" not in card.lower(), name  # written for users, not the tracker
