@@ -116,3 +116,19 @@ def test_evaluate_scores_a_files_own_labels_on_an_open_model_under_the_names_ask
     closed = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "evaluate", str(corpus), "--ask-as", "city=LOC"],
                             capture_output=True, text=True, cwd=REPO, timeout=600)
     assert closed.returncode != 0 and "open-label models" in closed.stderr
+
+
+def test_the_python_face_and_the_spacy_component_take_open_labels(open_model_folder: Path) -> None:
+    import spacy
+
+    import padellm_ner
+
+    ner = padellm_ner.load(str(open_model_folder))
+    found = ner.predict_entities(SENTENCE, labels=[{"name": "LOC", "description": "a place"}], threshold=0.0)
+    assert [(e["text"], e["label"]) for e in found] == [("Paris", "LOC")]
+    with pytest.raises(InvalidOptionsError, match="asked twice"):
+        ner.predict_entities(SENTENCE, labels=["LOC", "LOC"])
+    nlp = spacy.blank("en")
+    nlp.add_pipe("padellm_ner", config={"model": str(open_model_folder), "labels": ["PER", {"name": "LOC", "description": "a place"}]})
+    doc = nlp(SENTENCE)
+    assert {(span.text, span.label_) for span in doc.ents} == {("Angela Merkel", "PER"), ("Emmanuel Macron", "PER"), ("Paris", "LOC")}
