@@ -18,6 +18,8 @@ class Settings(BaseSettings):
 
     # engine
     ner_model: str = "en-conll03"
+    ner_models: str = ""  # comma-separated models requests may name besides NER_MODEL (empty: the current shipped ones, CURRENT_MODELS)
+    ner_model_memory_mb: int = 2560  # weights kept loaded, the least recently used model unloaded beyond (the default and the largest other fit; k8s: 4 Gi)
     ner_device: str = "cpu"
     ner_dtype: str = "float32"
     # REST API
@@ -55,6 +57,11 @@ class Settings(BaseSettings):
     database_statement_timeout_s: float = 60.0  # PostgreSQL statement_timeout; SQLite's wait for a lock
     # logging
     log_level: str = "INFO"
+
+    def served_models(self) -> list[str] | None:
+        """``NER_MODELS`` as a list (None: the current shipped models)."""
+        names = [name.strip() for name in self.ner_models.split(",") if name.strip()]
+        return names or None
 
 
 @lru_cache

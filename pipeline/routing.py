@@ -14,9 +14,10 @@ from pipeline.model_version import model_version_of_path
 
 
 def configured_pool() -> EnginePool:
-    """A pool of ``NER_MODEL`` on ``NER_DEVICE`` in ``NER_DTYPE``."""
+    """A pool of ``NER_MODEL`` (and ``NER_MODELS``) on ``NER_DEVICE`` in ``NER_DTYPE``, within ``NER_MODEL_MEMORY_MB``."""
     settings = get_settings()
-    return EnginePool(settings.ner_model, settings.ner_dtype, settings.ner_device)
+    return EnginePool(settings.ner_model, settings.ner_dtype, settings.ner_device,
+                      allowed=settings.served_models(), memory_budget_mb=settings.ner_model_memory_mb)
 
 
 def version_for(pool: EnginePool, language: str | None) -> str | None:

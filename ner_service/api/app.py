@@ -31,9 +31,9 @@ JSON_BYTES_PER_CHAR = 6
 
 
 async def _load_default_model(state: ApiState) -> None:
-    """Load NER_MODEL in the engine thread; ``/readyz`` answers 200 once it is there."""
+    """Load NER_MODEL in the loader thread; ``/readyz`` answers 200 once it is there."""
     try:
-        await state.batcher.in_engine_thread(state.pool.ner_model, state.pool.default)
+        await state.batcher.load(ExtractOptions(state.pool.default))
     except Exception as error:  # reported by /readyz, which then stays 503
         state.load_error = str(error)
         logger.exception("the default model could not be loaded")
@@ -58,7 +58,8 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
     settings = settings or get_settings()
     configure_logging(settings.log_level)
     metrics = Metrics()
-    pool = EnginePool(settings.ner_model, settings.ner_dtype, settings.ner_device, settings.ner_batch_max_texts)
+    pool = EnginePool(settings.ner_model, settings.ner_dtype, settings.ner_device, settings.ner_batch_max_texts,
+                      allowed=settings.served_models(), memory_budget_mb=settings.ner_model_memory_mb)
 
     def run(options: ExtractOptions, texts: list[str]) -> list[Extraction]:
         return pool.extract(options, texts)
@@ -66,16 +67,20 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
     def load(options: ExtractOptions) -> None:
         pool.ner_model(options.model)
 
+    def loaded(options: ExtractOptions) -> bool:
+        return pool.is_loaded(options.model)
+
     def text_entities(options: ExtractOptions, text: str, found: list[Entity]) -> list[Entity]:
         return pool.engine(options.model).text_entities(text, found)
 
     rate = ServiceRate.fixed(settings.ner_fixed_ms_per_token) if settings.ner_fixed_ms_per_token > 0 \
         else ServiceRate(settings.ner_prior_ms_per_token)
     metrics.seconds_per_token.set_function(lambda: rate.seconds_per_token)
+    metrics.model_weights_bytes.set_function(pool.resident_bytes)
     admission = Admission(rate, settings.ner_request_timeout_s * settings.ner_admission_fraction,
                           settings.ner_max_request_tokens, settings.ner_queue_max)
     batcher = MicroBatcher(
-        run, metrics, admission, prepare=load, text_entities=text_entities, enabled=settings.ner_microbatch,
+        run, metrics, admission, load=load, loaded=loaded, text_entities=text_entities, enabled=settings.ner_microbatch,
         wait_ms=settings.ner_batch_wait_ms, wait_fraction=settings.ner_batch_wait_fraction, wait_max_ms=settings.ner_batch_wait_max_ms,
         max_texts=settings.ner_batch_max_texts, piece_tokens=settings.ner_piece_tokens,
         long_text_tokens=settings.ner_long_text_tokens, split_tokens=settings.ner_batch_split_tokens,

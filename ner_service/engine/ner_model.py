@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ner_service.engine.count_bias import CountBiasSetting
 from ner_service.engine.model_loading import ModelNotFoundError, load_causal_lm
+from ner_service.engine.shared_bases import SharedBases, own_lora_targets, shared_copy
 
 if TYPE_CHECKING:  # torch is imported by loading, not by reading a model's ner_model.json
     import torch
@@ -27,6 +28,10 @@ SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped_models"
 DEFAULT_MODEL = "en-conll03"
 #: The shipped model that serves each language by default.
 DEFAULT_MODELS = {"en": DEFAULT_MODEL, "zh": "zh-resume"}
+#: The shipped models a server offers unless ``NER_MODELS`` says otherwise: each language's
+#: default and the current model of each other kind (Weibo posts, lexical units, diffusion);
+#: earlier versions and other bases stay loadable by the command line and by ``NER_MODELS``.
+CURRENT_MODELS = (*DEFAULT_MODELS.values(), "zh-weibo", "en-conll03-lud", "en-conll03-diffusion")
 SELF_CONTAINED = "."
 
 
@@ -133,25 +138,35 @@ class NERModel:
     path: Path
 
     @classmethod
-    def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | None = None, device: str = "cpu") -> "NERModel":
+    def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | None = None, device: str = "cpu",
+             bases: SharedBases | None = None) -> "NERModel":
         """Load by shipped name or folder (``dtype`` None: float32); a LoRA adapter is merged into its
-        base for speed, except a lexical-unit one (:mod:`general_decoding.lexical_units`)."""
+        base for speed, except a lexical-unit one (:mod:`general_decoding.lexical_units`). With
+        ``bases`` (of this dtype and device), the base comes from there and the model shares the
+        weights its adapter leaves as they are (:mod:`.shared_bases`)."""
         folder = resolve_ner_model(name_or_path)
         config = NERModelConfig.read(folder)
         if config.base == SELF_CONTAINED:
             model, tokenizer = load_causal_lm(folder, dtype=dtype, device=device)
         else:
+            import copy
             import warnings
 
             from peft import PeftModel
 
             from general_decoding.lexical_units import placeholder_adapter
 
-            base, tokenizer = load_base(config.base, dtype, device)
+            if bases is None:
+                base, tokenizer = load_base(config.base, dtype, device)
+            else:
+                shared, shared_tokenizer = bases.get(config.base)
+                base, tokenizer = shared_copy(shared), copy.deepcopy(shared_tokenizer)
             with warnings.catch_warnings():  # peft asks transformers for an attribute it deprecated; nothing to act on here
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
                 adapted = PeftModel.from_pretrained(base, folder)
             if config.lud_placeholder is None:
+                if bases is not None:
+                    own_lora_targets(adapted)  # the merge writes into these: the shared base keeps its own
                 model = adapted.merge_and_unload().eval()
             else:  # a lexical-unit adapter stays unmerged: it applies at placeholder columns only
                 model = adapted.get_base_model().eval()
@@ -194,12 +209,26 @@ class NERModel:
         return self.model.device
 
 
-def load_base(base: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_base(base: str | Path, dtype: torch.dtype | None = None, device: str = "cpu",
+              bases: SharedBases | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """What an adapter is stacked on (and what training starts from): a causal LM, or another NER
-    model, its own adapter merged (``dtype`` None: float32)."""
+    model, its own adapter merged (``dtype`` None: float32; its own base from ``bases``)."""
     try:
         stacked = resolve_ner_model(base)
     except ModelNotFoundError:
         return load_causal_lm(base, dtype=dtype, device=device)
-    inner = NERModel.load(stacked, dtype=dtype, device=device)
+    inner = NERModel.load(stacked, dtype=dtype, device=device, bases=bases)
     return inner.model, inner.tokenizer
+
+
+def base_chain(name_or_path: str | Path) -> list[str]:
+    """The bases ``name_or_path`` stands on, nearest first (none for a self-contained model)."""
+    chain: list[str] = []
+    config = NERModelConfig.read(resolve_ner_model(name_or_path))
+    while config.base != SELF_CONTAINED:
+        chain.append(config.base)
+        try:
+            config = NERModelConfig.read(resolve_ner_model(config.base))
+        except ModelNotFoundError:  # a causal LM: the end of the chain
+            break
+    return chain

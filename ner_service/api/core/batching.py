@@ -10,9 +10,11 @@ never waits behind more than one small batch of someone's long text. A request t
 or whose client is gone is cancelled, and its pieces still queued (or in a batch still waiting
 for the engine thread) never reach the engine.
 
-All engine work, model loading included, runs in ONE dedicated worker thread (the engine is not
-thread-safe), off the event loop; each engine call's time (a model loaded on first use
-excluded) is what admission's measured rate learns from; a request refused while nothing is
+All engine work runs in ONE dedicated worker thread (the engine is not thread-safe), off the
+event loop; a model that is not loaded loads in a loader thread of its own, and its requests'
+pieces wait in their queues meanwhile while the batches of loaded models go on, so that no key's
+first request on another model stalls the others. Each engine call's time is what admission's
+measured rate learns from; a request refused while nothing is
 queued has the engine measured on a small text, so that the rate is never stale on an idle
 engine. The gathering window opens with the first queued piece and closes when ``max_texts``
 are queued or after ``wait_ms``, stretched to ``wait_fraction`` of the previous engine call
@@ -89,9 +91,13 @@ class MicroBatcher:
     def __init__(self, run: Runner, metrics: Metrics, admission: Admission, *, enabled: bool, wait_ms: float, max_texts: int,
                  wait_fraction: float = 0.0, wait_max_ms: float = 0.0, piece_tokens: int = 64, long_text_tokens: int = 160,
                  split_tokens: int = 64, prepare: Callable[[ExtractOptions], object] | None = None,
-                 text_entities: TextEntities | None = None) -> None:
+                 text_entities: TextEntities | None = None, loaded: Callable[[ExtractOptions], bool] | None = None,
+                 load: Callable[[ExtractOptions], object] | None = None) -> None:
         self._run = run
-        self._prepare = prepare  # run in the engine thread before a batch, untimed (loading its model)
+        self._prepare = prepare  # run in the engine thread before a batch, untimed
+        self._loaded = loaded or (lambda options: True)  # whether the options' model is loaded
+        self._load = load  # loads it, in the loader thread
+        self._loads: dict[str, asyncio.Future[object]] = {}  # by model: the load under way
         self._text_entities = text_entities or (lambda options, text, found: resolve_overlaps(found))
         self._metrics = metrics
         self.admission = admission
@@ -110,6 +116,7 @@ class MicroBatcher:
         self.pending_texts = 0  # texts of admitted requests not answered yet
         self.pending_tokens = 0  # their estimated work
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ner-engine")
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ner-loader")
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -123,6 +130,31 @@ class MicroBatcher:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._loader.shutdown(wait=True, cancel_futures=True)
+
+    def load(self, options: ExtractOptions) -> asyncio.Future[object]:
+        """The load of ``options.model`` in the loader thread (one per model at a time; done at
+        once when it is loaded). When it ends, the pieces waiting for it may run, or, if it failed,
+        get its error."""
+        if self._load is None or self._loaded(options):
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        if options.model not in self._loads:
+            future = asyncio.get_running_loop().run_in_executor(self._loader, self._load, options)
+            self._loads[options.model] = future
+            future.add_done_callback(lambda done: self._load_ended(options.model, done))
+        return self._loads[options.model]
+
+    def _load_ended(self, model: str, done: asyncio.Future[object]) -> None:
+        del self._loads[model]
+        error = None if done.cancelled() else done.exception()
+        if error is not None:
+            for queue in self._queues.values():
+                for queued in queue:
+                    if queued.request.options.model == model and not queued.request.future.done():
+                        queued.request.future.set_exception(error)
+        self._arrived.set()  # its pieces may be taken now (or dropped)
 
     async def in_engine_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the engine thread (e.g. loading a model), after the work queued there."""
@@ -139,6 +171,7 @@ class MicroBatcher:
             self._calibrate(options)
             raise
         self._enqueue(request, caller)
+        self.load(options)
         try:
             return await request.future
         finally:
@@ -196,6 +229,9 @@ class MicroBatcher:
             batch = self._take_batch()
             if batch:
                 await self._process(batch)
+            else:  # every queued piece waits for its model: until a load ends or a piece arrives
+                self._arrived.clear()
+                await self._arrived.wait()
 
     def gather_window_s(self) -> float:
         """How long the next batch may wait for more requests (module docstring)."""
@@ -223,10 +259,10 @@ class MicroBatcher:
             self._drop_cancelled(caller)
             if not self._queues[caller]:
                 del self._queues[caller]
-        if not self._queues:
+        first_caller, first = next(((caller, queued) for caller, queue in self._queues.items() for queued in queue
+                                    if self._ready(queued.request.options)), (None, None))
+        if first is None:
             return []
-        first_caller = next(iter(self._queues))
-        first = self._queues[first_caller][0]
         batch: list[_Queued] = []
         tokens = 0
         limit = self._max_texts if self.enabled else len(first.request.pieces)
@@ -245,6 +281,13 @@ class MicroBatcher:
         self._queues[first_caller] = self._queues.pop(first_caller)  # its turn is over: to the back
         self._queued = sum(len(queue) for queue in self._queues.values())
         return batch
+
+    def _ready(self, options: ExtractOptions) -> bool:
+        """Whether the model of ``options`` is loaded (else its load is started)."""
+        if self._loaded(options):
+            return True
+        self.load(options)
+        return False
 
     def _joins(self, queued: _Queued, first: _Queued, batch: list[_Queued], tokens: int) -> bool:
         """Whether ``queued`` may join a batch that starts with ``first`` and holds ``tokens``."""

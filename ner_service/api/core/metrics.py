@@ -49,6 +49,8 @@ class Metrics:
         self.seconds_per_token = Gauge("padellm_engine_seconds_per_token",
                                        "Engine seconds per token of work that admission assumes (measured; the prior until "
                                        "a call is measured; or NER_FIXED_MS_PER_TOKEN)", registry=self.registry)
+        self.model_weights_bytes = Gauge("padellm_model_weights_bytes", "Bytes of the model weights loaded (shared bases "
+                                         "counted once; NER_MODEL_MEMORY_MB bounds it)", registry=self.registry)
         self.shed = Counter("padellm_requests_shed_total", "Requests refused with 429 because their work would not be done "
                             "within the timeout now", registry=self.registry)
 
