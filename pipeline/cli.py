@@ -8,6 +8,21 @@ import json
 import sys
 
 
+#: The largest count a flag takes: what a database integer holds.
+MAX_COUNT = 2**31 - 1
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: a whole number from 1 to :data:`MAX_COUNT` (0, negatives and overflows are usage errors)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if not 1 <= number <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: from 1 to {MAX_COUNT}")
+    return number
+
+
 def _sessions():
     from pipeline.db import session_factory, upgrade
 
@@ -126,8 +141,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     jobs = subparsers.add_parser("jobs", help="run or inspect batch jobs")
     actions = jobs.add_subparsers(dest="jobs_command", required=True)
     run = actions.add_parser("run", help="process pending documents in this process (no broker needed)")
-    run.add_argument("--limit", type=int, default=None, help="at most N documents")
-    run.add_argument("--chunk-size", type=int, default=None, help="documents per engine call (default: PIPELINE_CHUNK_SIZE)")
+    run.add_argument("--limit", type=positive_int, default=None, help=f"at most N documents (1 to {MAX_COUNT})")
+    run.add_argument("--chunk-size", type=positive_int, default=None, help="documents per engine call (default: PIPELINE_CHUNK_SIZE)")
     run.add_argument("--strategy", default=DEFAULT_STRATEGY, help="how the model is asked: padellm (the default), ar or fast_dllm")
     run.set_defaults(func=cmd_jobs_run)
     status = actions.add_parser("status", help="one job's status (JSON), or the latest jobs")

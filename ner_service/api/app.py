@@ -39,11 +39,27 @@ async def _load_default_model(state: ApiState) -> None:
         logger.exception("the default model could not be loaded")
 
 
+def _is_json(content_type: str) -> bool:
+    """Whether a Content-Type header names JSON (``application/json``, ``application/*+json``)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
     """422 listing where and why, without echoing the input back (it may be huge or not encodable):
     the first few errors, their locations and messages clipped (a key of the body is part of a
-    location), then one that counts the rest."""
+    location), then one that counts the rest. A body that is not JSON is not a wrong value: 400
+    when it does not parse, 415 when it is sent as another content type (which the body names)."""
     errors = error.errors()
+    content_type = request.headers.get("content-type", "")
+    if any(e.get("loc", ())[:1] == ("body",) for e in errors) and content_type and not _is_json(content_type):
+        return JSONResponse({"detail": f"the body is sent as {clipped(content_type)!r}; send it as JSON, with the header "
+                                       "Content-Type: application/json"}, status.HTTP_415_UNSUPPORTED_MEDIA_TYPE)
+    broken = next((e for e in errors if e.get("type") == "json_invalid"), None)
+    if broken is not None:
+        where = broken.get("loc", ())[1:2]
+        return JSONResponse({"detail": f"the body is not valid JSON ({clipped(broken.get('ctx', {}).get('error', 'JSON decode error'))}"
+                                       + (f" at character {where[0]})" if where else ")")}, status.HTTP_400_BAD_REQUEST)
     detail = [{"loc": [clipped(part) if isinstance(part, str) else part for part in e.get("loc", ())],
                "msg": clipped(e.get("msg", "")), "type": e.get("type", "")} for e in errors[:ECHO_MAX]]
     if len(errors) > ECHO_MAX:

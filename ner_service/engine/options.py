@@ -65,8 +65,8 @@ class ExtractOptions:
         and sorted; an open model takes any names (:func:`.labels.label_specs`). Raises an
         :class:`InvalidOptionsError` naming what is wrong and what the model supports."""
         specs = _labels(self.labels, config, self.model)
-        strategy = _strategy(self.strategy or DEFAULT_STRATEGY, config, self.model)
-        return ExtractOptions(self.model, tuple(s.name for s in specs), strategy, _decoder(self.decoder or DEFAULT_DECODER, config, self.model),
+        strategy = _strategy(self.strategy or default_strategy(config), config, self.model)
+        return ExtractOptions(self.model, tuple(s.name for s in specs), strategy, _decoder(self.decoder, strategy, config, self.model),
                               tuple((s.name, s.description) for s in specs if s.description))
 
     def label_specs(self) -> tuple[LabelSpec, ...]:
@@ -101,7 +101,23 @@ def _strategy(name: str, config: NERModelConfig, model: str) -> str:
     return name
 
 
-def _decoder(name: str, config: NERModelConfig, model: str) -> str:
+def default_strategy(config: NERModelConfig) -> str:
+    """The strategy of a request that names none: :data:`DEFAULT_STRATEGY`, or the first the model
+    runs when it cannot (a masked-diffusion model: ``fast_dllm``)."""
+    supported = supported_strategies(config)
+    return DEFAULT_STRATEGY if DEFAULT_STRATEGY in supported or not supported else supported[0]
+
+
+def _decoder(name: str | None, strategy: str, config: NERModelConfig, model: str) -> str:
+    """The decoder ``name`` (None: the default) checked against the model and the strategy: a
+    strategy that produces its tokens without one refuses a decoder named, rather than ignore it."""
+    ignored_by = strategy_class(strategy).decoder_ignored
+    if name is not None and ignored_by:
+        takers = [s for s in supported_strategies(config) if not strategy_class(s).decoder_ignored]
+        raise InvalidOptionsError(f"strategy {strategy!r} takes no decoder ({ignored_by}): leave `decoder` out"
+                                  + (f", or ask with a strategy that takes one: {', '.join(takers)}" if takers else
+                                     f"; model {model!r} runs no strategy that takes one"))
+    name = name or DEFAULT_DECODER
     if name not in available_decoders():
         hint = f" ({name!r} is a strategy: send it as `strategy`)" if name in available_strategies() else ""
         raise UnknownDecoderOptionError(f"unknown decoder {name!r}{hint}; available: {', '.join(available_decoders())}")

@@ -81,7 +81,8 @@ def test_the_response_says_which_decoders_ran(client: TestClient, decoder: str |
 
 BAD_REQUESTS = [
     pytest.param({"content": b""}, 422, "Field required", id="empty body"),
-    pytest.param({"content": b'{"text": '}, 422, "JSON decode error", id="broken JSON"),
+    pytest.param({"content": b'{"text": '}, 400, "not valid JSON", id="broken JSON"),
+    pytest.param({"content": b'{"text": "a"}', "headers": {"Content-Type": "text/plain"}}, 415, "sent as 'text/plain'", id="sent as text"),
     pytest.param({"content": b'{"text": "caf\xe9"}'}, 400, "parsing the body", id="invalid UTF-8"),
     pytest.param({"content": b'{"text": "\\ud800x"}'}, 422, "unpaired surrogate", id="lone surrogate"),
     pytest.param({"json": {"text": 3}}, 422, "valid string", id="text not a string"),
@@ -114,7 +115,7 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize(("request_kwargs", "status", "message"), BAD_REQUESTS)
 def test_bad_input_gets_a_clear_4xx(make_client, request_kwargs: dict, status: int, message: str) -> None:
     client = make_client(ready=False, ner_max_text_chars=100, ner_max_texts=4)
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json"} | request_kwargs.pop("headers", {})
     response = client.post("/v1/entities", headers=headers, **request_kwargs)
     assert response.status_code == status, response.text
     assert message in response.text

@@ -39,13 +39,19 @@ class Strategy(ABC):
     """Asks a loaded model for the mentions of a batch's windows."""
 
     name: ClassVar[str] = ""
+    #: Why this strategy produces its tokens without a token decoder (empty: it runs one), so
+    #: that a decoder named with it is refused rather than ignored.
+    decoder_ignored: ClassVar[str] = ""
 
     def __init__(self, ner_model: NERModel, options: StrategyOptions) -> None:
         self.ner_model, self.options = ner_model, options
 
     @classmethod
     def unsupported_reason(cls, config: NERModelConfig) -> str | None:
-        """Why a model of ``config`` cannot run this strategy (None: it can)."""
+        """Why a model of ``config`` cannot run this strategy (None: it can): a masked-diffusion
+        model answers by diffusion only (asked token by token, it answers poorly)."""
+        if config.mask_token is not None:
+            return f"model {config.name!r} is a masked-diffusion model: strategy {cls.name!r} cannot ask it"
         return None
 
     @abstractmethod

@@ -36,6 +36,8 @@ class FastDLLM(Strategy):
     """Every window's answer sampled in one batch by the options' ``diffusion_sampler``
     (when None, :func:`default_sampler` at the model's threshold); the token decoder plays no part."""
 
+    decoder_ignored = "masked diffusion samples the answer's tokens"
+
     @classmethod
     def unsupported_reason(cls, config: NERModelConfig) -> str | None:
         if config.mask_token is None:
