@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     ner_max_text_chars: int = 20_000
     ner_max_texts: int = 64
     ner_request_timeout_s: float = 60.0
+    ner_header_timeout_s: float = 30.0  # a request's headers must arrive within this, from its first byte (else 408, closed)
+    ner_body_timeout_s: float = 60.0  # ... and its body within this after them (a body short of its Content-Length: closed)
     ner_microbatch: bool = True
     ner_batch_wait_ms: float = 20.0  # long enough for the clients of the batch just answered to send their next request
     ner_batch_wait_fraction: float = 0.05  # ... or this fraction of the previous engine call, when longer (a loaded machine)

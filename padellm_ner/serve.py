@@ -11,7 +11,8 @@ import uvicorn
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve :func:`padellm_ner.asgi.create_app` (settings from the environment; ``--model`` sets
     ``NER_MODEL``, checked before the server starts). uvicorn neither reads proxy headers (the app
-    does, from ``NER_TRUSTED_PROXIES`` only) nor configures logging (the app logs JSON lines)."""
+    does, from ``NER_TRUSTED_PROXIES`` only) nor configures logging (the app logs JSON lines); its
+    HTTP protocol times out slow clients' headers and bodies (:mod:`padellm_ner.slow_clients`)."""
     if args.model:
         from ner_service.engine.ner_model import resolve_ner_model
 
@@ -19,7 +20,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["NER_MODEL"] = args.model
     uvicorn.run(
         "padellm_ner.asgi:create_app", factory=True, host=args.host, port=args.port, workers=args.workers,
-        proxy_headers=False, log_config=None, access_log=False,
+        proxy_headers=False, log_config=None, access_log=False, http="padellm_ner.slow_clients:TimedH11Protocol",
     )
     return 0
 
