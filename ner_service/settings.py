@@ -21,7 +21,8 @@ class Settings(BaseSettings):
     ner_models: str = ""  # comma-separated models requests may name besides NER_MODEL (empty: the current shipped ones, CURRENT_MODELS)
     ner_model_memory_mb: int = 2560  # weights kept loaded, the least recently used model unloaded beyond (the default and the largest other fit; k8s: 4 Gi)
     ner_device: str = "cpu"
-    ner_dtype: str = "float32"
+    ner_dtype: str = "auto"  # auto: bfloat16 on a CPU with bfloat16 instructions (AVX512_BF16, AMX), else float32 (engine/cpu.py)
+    ner_threads: int = 0  # torch threads of a process (0: its CPUs by affinity and cgroup quota; 1 per Celery worker process)
     # REST API
     ner_api_keys: str = ""  # comma-separated; empty = development mode without authentication (logged)
     ner_rate_limit_per_minute: int = 600

@@ -36,11 +36,11 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def _engine(args: argparse.Namespace):
-    import torch
-
     from ner_service.engine import NEREngine
+    from ner_service.engine.cpu import configure_threads
 
-    return NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=_count_bias(args),
+    configure_threads(args.threads)
+    return NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args),
                           repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned,
                           document_consistency=args.document_consistency)
 
@@ -77,7 +77,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                                                         f"{', '.join(available_decoders())}")
     parser.add_argument("--labels", default=None, help="comma-separated subset of the model's labels")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    _add_cpu_options(parser)
     parser.add_argument("--count-bias", default=None,
                         help="PaDeLLM: favour larger counts by this much log-probability per unit of a count, for every label (0.5) "
                              "or some (ORG=1,MISC=0.75; the others keep the model's) (default: the model's count_bias)")
@@ -87,6 +87,16 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="PaDeLLM: re-ask a mention that is not in the text, restricted to the text's spans (default: the model's)")
     parser.add_argument("--document-consistency", action=argparse.BooleanOptionalAction, default=None,
                         help="a name found in a text keeps one label throughout it and is tagged wherever it recurs (default: the model's)")
+
+
+def _add_cpu_options(parser: argparse.ArgumentParser) -> None:
+    from ner_service.engine.cpu import DTYPES, configured_dtype
+
+    parser.add_argument("--dtype", default=configured_dtype(), choices=DTYPES,
+                        help="auto: bfloat16 on a CPU with bfloat16 instructions (AVX512_BF16 or AMX) or a GPU, else float32 "
+                             "(default: NER_DTYPE, else auto)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: NER_THREADS, else the CPUs this process may use: its affinity and cgroup quota)")
 
 
 def _labels(args: argparse.Namespace) -> list[str] | None:
@@ -137,16 +147,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate_counts(args: argparse.Namespace) -> int:
-    import torch
-
     from dataclasses import replace
 
     from corpora import read_corpus
     from ner_service.engine import NEREngine
+    from ner_service.engine.cpu import configure_threads
     from ner_service.engine.ner_model import resolve_ner_model
     from training.count_calibration import calibrate
 
-    engine = NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, count_bias=_count_bias(args))
+    configure_threads(args.threads)
+    engine = NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args))
     calibration = calibrate(engine, read_corpus(args.path)[: args.limit], args.batch_size)
     setting = calibration.setting()
     print(calibration.table())
@@ -213,7 +223,7 @@ def _calibrate_counts_options(calibrate: argparse.ArgumentParser) -> None:
     calibrate.add_argument("--write", action="store_true", help="write the chosen biases into the model's ner_model.json")
     calibrate.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
     calibrate.add_argument("--device", default="cpu")
-    calibrate.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    _add_cpu_options(calibrate)
     calibrate.add_argument("--count-bias", default=None, help="the bias to compare with, as for evaluate (default: the model's)")
 
 

@@ -38,6 +38,10 @@ def get_pool() -> EnginePool:
 
 @worker_process_init.connect
 def _load_engine(**_: object) -> None:
+    # the worker's processes share the machine's cores: one torch thread each unless NER_THREADS says otherwise
+    from ner_service.engine.cpu import available_cpus, configure_threads
+
+    configure_threads(processes=available_cpus())
     try:
         pool = get_pool()
         pool.engine(pool.default)

@@ -21,6 +21,7 @@ from general_decoding import Decoder, get_decoder
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window, windows_of
 from ner_service.engine.count_bias import CountBias, CountBiasSetting
+from ner_service.engine.cpu import torch_dtype
 from ner_service.engine.document_consistency import consistent_entities
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
 from ner_service.engine.options import ExtractOptions
@@ -64,9 +65,12 @@ class NEREngine:
         self.diffusion_sampler = diffusion_sampler
 
     @classmethod
-    def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str = "cpu", **options: Any) -> "NEREngine":
-        """Load a shipped model by name (or a model folder) and wrap it in an engine."""
-        return cls(NERModel.load(name_or_path, dtype=dtype, device=device), **options)
+    def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | str = torch.float32, device: str = "cpu",
+             **options: Any) -> "NEREngine":
+        """Load a shipped model by name (or a model folder) and wrap it in an engine; ``dtype``
+        ``"auto"`` is bfloat16 where the CPU has bfloat16 instructions, else float32 (:mod:`.cpu`;
+        the default of the service's entry points)."""
+        return cls(NERModel.load(name_or_path, dtype=torch_dtype(dtype, device), device=device), **options)
 
     @property
     def labels(self) -> list[str]:

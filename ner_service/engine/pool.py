@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ner_service.engine.cpu import configure_threads, configured_dtype, inference_dtype
 from ner_service.engine.engine import NEREngine
 from ner_service.engine.model_loading import ModelNotFoundError, resolve_model_folder
 from ner_service.engine.ner_model import (
@@ -54,12 +55,15 @@ class EnginePool:
     _shared: "EnginePool | None" = None
     _shared_lock = threading.Lock()
 
-    def __init__(self, default: str | Path = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", max_batch_texts: int = 16,
+    def __init__(self, default: str | Path = DEFAULT_MODEL, dtype: str | None = None, device: str = "cpu", max_batch_texts: int = 16,
                  open_folders: bool = False, allowed: Sequence[str] | None = None, memory_budget_mb: float | None = None) -> None:
         """``allowed``: the model names requests may name (None: :data:`CURRENT_MODELS` that are
         shipped); ``memory_budget_mb``: the weights kept loaded (None: no limit)."""
         self.default = str(default)
-        self.dtype, self.device, self.max_batch_texts, self.open_folders = dtype, device, max_batch_texts, open_folders
+        # dtype None: NER_DTYPE, else auto (bfloat16 on a CPU with bfloat16 instructions); threads from the CPU quota (cpu.py)
+        self.dtype, self.device, self.max_batch_texts, self.open_folders = inference_dtype(dtype or configured_dtype(), device), device, \
+            max_batch_texts, open_folders
+        configure_threads()
         shipped = set(shipped_model_names())
         self.allowed = [name for name in CURRENT_MODELS if name in shipped] if allowed is None else list(allowed)
         self.memory_budget_bytes = None if memory_budget_mb is None else int(memory_budget_mb * MB)
