@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from ner_service.api.schemas import ACCEPTABLE, EntityOut, LabelIn, LabelName, Name, Str, string_problem
 from ner_service.engine.labels import MAX_OPEN_LABELS
-from ner_service.engine.options import refuse_renamed
+from ner_service.engine.option_errors import refuse_renamed
 from ner_service.settings import get_settings
 
 if TYPE_CHECKING:

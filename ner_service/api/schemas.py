@@ -8,7 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from ner_service.engine.defaults import DEFAULT_DECODER, DEFAULT_STRATEGY
 from ner_service.engine.labels import MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, MAX_OPEN_LABELS
-from ner_service.engine.options import refuse_renamed
+from ner_service.engine.option_errors import refuse_renamed
 
 
 def string_problem(value: str) -> str | None:

@@ -10,23 +10,17 @@ model. The engine trusts options it validated.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from general_decoding import UnknownDecoderError, available_decoders
 from ner_service.engine.defaults import DEFAULT_DECODER, DEFAULT_STRATEGY
 from ner_service.engine.labels import InvalidLabelsError, LabelSpec, label_specs
 from ner_service.engine.ner_model import NERModelConfig, shipped_models_that
+from ner_service.engine.option_errors import RENAMED_OPTIONS, InvalidOptionsError, refuse_renamed  # noqa: F401 (torch-free)
 from ner_service.engine.strategies import UnknownStrategyError, available_strategies, strategy_class
 
 #: Decoders that need more than a name (a loaded draft model): the engine's callers cannot pick them.
 CONFIGURED_ONLY = {"speculative": "it needs a loaded draft model"}
-#: Option names of before 0.1 and the names that replaced them: refused, naming the new one.
-RENAMED_OPTIONS = {"backend": "decoder"}
-
-
-class InvalidOptionsError(ValueError):
-    """Options the model cannot run; the message says what it supports."""
 
 
 class UnknownLabelError(InvalidOptionsError):
@@ -147,10 +141,3 @@ def supported_strategies(config: NERModelConfig) -> list[str]:
     """The strategies a model of ``config`` can run."""
     return [name for name in available_strategies() if strategy_class(name).unsupported_reason(config) is None]
 
-
-def refuse_renamed(fields: Iterable[str], renamed: Mapping[str, str] = RENAMED_OPTIONS, where: str = "") -> None:
-    """An :class:`InvalidOptionsError` for the first of ``fields`` that ``renamed`` lists: "`old`
-    ``where`` is now `new`" (the service answers old option names with the name to send)."""
-    for field in fields:
-        if field in renamed:
-            raise InvalidOptionsError(f"`{field}`{where} is now `{renamed[field]}`")
