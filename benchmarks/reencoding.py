@@ -14,6 +14,7 @@ import torch
 
 from general_decoding import Decoder, Generation, StopCriteria, TokenConstraint, get_decoder, left_pad
 from general_decoding.base import position_ids_from_mask
+from general_decoding.row_vocabulary import next_logprobs
 from ner_service.engine import NEREngine, prompts
 from ner_service.engine.chunking import Window
 from ner_service.engine.group_decoding import GroupInputs, batches, count_generation, decode_groups
@@ -29,13 +30,19 @@ class ReencodingRunner:
     def __init__(self, ner_model: NERModel, windows: list[Window], one_row: bool = False) -> None:
         self.ner_model = ner_model
         self.prefixes = [prompts.prefix_ids(ner_model.tokenizer, w.text) for w in windows]
+        self.vocabulary = None
+
+    def restrict_answers(self, vocabulary) -> None:
+        """Answers' logits over the tokens ``vocabulary`` gives each branch, as the engine's runner computes them."""
+        self.vocabulary = vocabulary
 
     def encode(self, branches: list[list[int]], stats: ExtractionStats) -> torch.Tensor:
         ids, mask = left_pad([p + b for p in self.prefixes for b in branches], self.ner_model.pad_token_id)
         device = self.ner_model.device
+        rows = None if self.vocabulary is None else self.vocabulary.rows([(w, b) for w in range(len(self.prefixes)) for b in branches])
         with torch.inference_mode():
-            logits = self.ner_model.model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                          position_ids=position_ids_from_mask(mask).to(device), logits_to_keep=1).logits[:, -1]
+            logits = next_logprobs(self.ner_model.model, rows, 1, input_ids=ids.to(device), attention_mask=mask.to(device),
+                                   position_ids=position_ids_from_mask(mask).to(device))[:, -1]
         stats.forward_passes += 1
         return logits.view(len(self.prefixes), len(branches), -1)
 
@@ -52,7 +59,9 @@ class ReencodingRunner:
             ids, mask = left_pad([rows[r] for r in group], self.ner_model.pad_token_id)
             return GroupInputs(ids, mask)
 
-        out = decode_groups(self.ner_model, decoder, batches(decoder, list(range(len(rows)))), len(rows), stop, inputs, [], stats, constraints)
+        vocabulary = None if self.vocabulary is None else self.vocabulary.rows([(b.window_index, b.tokens) for b in branches])
+        out = decode_groups(self.ner_model, decoder, batches(decoder, list(range(len(rows)))), len(rows), stop, inputs, [], stats, constraints,
+                            vocabulary)
         count_generation(stats, out)
         return out
 

@@ -10,6 +10,7 @@ import torch
 from transformers import Cache, PreTrainedModel
 
 from general_decoding.constraints import TokenConstraint
+from general_decoding.row_vocabulary import RowVocabulary
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ class DecodeInputs:
     every row's next token is predicted from the last column); ``attention_mask`` covers the
     cached columns and ``input_ids``; ``context_ids`` (optional) are each row's tokens already
     in the cache, for decoders that draft from the input; ``constraints`` rule tokens out
-    (:mod:`general_decoding.constraints`)."""
+    (:mod:`general_decoding.constraints`); ``vocabulary`` (optional) lists the tokens each row may
+    take, whose output-layer rows alone are computed (:mod:`general_decoding.row_vocabulary`)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -81,6 +83,7 @@ class DecodeInputs:
     stop: StopCriteria
     context_ids: list[list[int]] | None = None
     constraints: tuple[TokenConstraint, ...] = ()
+    vocabulary: RowVocabulary | None = None
 
     @property
     def rows(self) -> int:
@@ -99,6 +102,8 @@ class Decoder(ABC):
     supports_constraints: bool = False
     #: rows are branches over one shared ``past_key_values`` of batch size 1 (see one_sequence)
     shares_cache: bool = False
+    #: a :class:`RowVocabulary` is honoured (each row's logits over its own tokens only)
+    supports_vocabulary: bool = False
 
     def generate(
         self,
@@ -109,15 +114,20 @@ class Decoder(ABC):
         past_key_values: Cache | None = None,
         context_ids: list[list[int]] | None = None,
         constraints: Sequence[TokenConstraint] = (),
+        vocabulary: RowVocabulary | None = None,
     ) -> Generation:
         """Decode greedily-equivalent continuations of every row of ``input_ids`` (see
-        :class:`DecodeInputs`), within ``constraints`` when given."""
+        :class:`DecodeInputs`), within ``constraints`` and over ``vocabulary`` when given."""
         if input_ids.ndim != 2 or input_ids.shape[1] == 0:
             raise ValueError("input_ids must be a non-empty [batch, length] tensor of token ids")
         if input_ids.shape[0] > 1 and not self.supports_batch:
             raise ValueError(f"decoder {self.name!r} decodes one sequence at a time; got a batch of {input_ids.shape[0]}")
         if constraints and not self.supports_constraints:
             raise ValueError(f"decoder {self.name!r} does not take token constraints")
+        if vocabulary is not None and not self.supports_vocabulary:
+            raise ValueError(f"decoder {self.name!r} does not take a row vocabulary")
+        if vocabulary is not None and len(vocabulary) != input_ids.shape[0]:
+            raise ValueError(f"the vocabulary has {len(vocabulary)} rows, input_ids {input_ids.shape[0]}")
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if attention_mask is None:
             attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long, device=input_ids.device)
@@ -127,7 +137,7 @@ class Decoder(ABC):
             )
         if context_ids is not None and len(context_ids) != input_ids.shape[0]:
             raise ValueError(f"context_ids has {len(context_ids)} rows, input_ids {input_ids.shape[0]}")
-        inputs = DecodeInputs(input_ids, attention_mask.long(), past_key_values, stop, context_ids, tuple(constraints))
+        inputs = DecodeInputs(input_ids, attention_mask.long(), past_key_values, stop, context_ids, tuple(constraints), vocabulary)
         with torch.inference_mode():
             return self._generate(model, inputs)
 

@@ -25,6 +25,7 @@ from transformers import Cache, PreTrainedModel
 from general_decoding.base import DecodeInputs, Decoder, Generation, StopCriteria, position_ids_from_mask
 from general_decoding.constraints import TokenConstraint, admissible_draft, choose
 from general_decoding.kv_cache import ReservedCache, keep_first, keep_rows
+from general_decoding.row_vocabulary import next_logprobs
 
 
 @dataclass
@@ -62,9 +63,8 @@ def prefill(model: PreTrainedModel, inputs: DecodeInputs, cache: Cache) -> list[
     contexts = inputs.context_ids or [[] for _ in range(input_ids.shape[0])]
     states = [RowState(list(c) + ids[keep].tolist()) for c, ids, keep in zip(contexts, input_ids.cpu(), new_columns.cpu())]
     positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1]:]
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                cache=cache, use_cache=True, logits_to_keep=1)
-    logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+    logprobs = next_logprobs(model, inputs.vocabulary, 1, input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                             cache=cache, use_cache=True)[:, -1]
     first = choose(logprobs.clone() if inputs.constraints else logprobs, inputs.constraints, range(len(states)), [[] for _ in states])
     for state, token, lp in zip(states, first.tolist(), logprobs.gather(-1, first[:, None])[:, 0].tolist()):
         state.emit(token, lp, inputs.stop)
@@ -159,6 +159,7 @@ class DraftVerifyDecoder(Decoder):
     finish (finished rows leave the batch and the cache). One row drafts up to ``max_draft``."""
 
     supports_constraints = True
+    supports_vocabulary = True
     verify_tokens = 24
 
     def __init__(self, drafter: Drafter, max_draft: int = 8) -> None:
@@ -236,9 +237,9 @@ class DraftVerifyDecoder(Decoder):
         positions = torch.cat([position_ids_from_mask(known)[:, -fed.shape[1]:],
                                known.sum(-1, keepdim=True) + torch.arange(columns, device=mask.device)], dim=1)
         past = cache.get_seq_length()
-        logits = model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
-                       cache=cache, use_cache=True, logits_to_keep=columns + 1).logits
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        vocabulary = inputs.vocabulary.rows(live) if inputs.vocabulary is not None else None
+        logprobs = next_logprobs(model, vocabulary, columns + 1, input_ids=ids, attention_mask=full_mask, position_ids=positions,
+                                 cache=cache, use_cache=True)
         predictions = self._choose(logprobs, live, [states[r] for r in live], drafts, constraints)
         # unconstrained (constraints apply to verified columns only); without constraints that is ``predictions``
         trailing_predictions = trailing_logprobs = None

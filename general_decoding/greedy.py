@@ -9,6 +9,7 @@ from general_decoding.base import DecodeInputs, Decoder, Generation, position_id
 from general_decoding.constraints import choose
 from general_decoding.kv_cache import ReservedCache, keep_rows
 from general_decoding.registry import register_decoder
+from general_decoding.row_vocabulary import next_logprobs
 
 
 @register_decoder("greedy")
@@ -17,6 +18,7 @@ class GreedyDecoder(Decoder):
     that stops leaves the batch and the cache."""
 
     supports_constraints = True
+    supports_vocabulary = True
 
     def _generate(self, model: PreTrainedModel, inputs: DecodeInputs) -> Generation:
         input_ids, attention_mask, stop, constraints = inputs.input_ids, inputs.attention_mask, inputs.stop, inputs.constraints
@@ -33,16 +35,10 @@ class GreedyDecoder(Decoder):
         accepted: list[int] = []
         step_ids = input_ids
         for _ in range(stop.max_new_tokens + 1):
-            out = model(
-                input_ids=step_ids,
-                attention_mask=attention_mask,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            vocabulary = inputs.vocabulary.rows(rows) if inputs.vocabulary is not None else None
+            step_logprobs = next_logprobs(model, vocabulary, 1, input_ids=step_ids, attention_mask=attention_mask, position_ids=positions,
+                                          cache=cache, use_cache=True)[:, -1]
             forwards += 1
-            step_logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
             next_ids = choose(step_logprobs.clone() if constraints else step_logprobs, constraints, rows, [tokens[r] for r in rows])
             next_lp = step_logprobs.gather(-1, next_ids[:, None])[:, 0]
             is_stop = torch.isin(next_ids, stop_ids).tolist()

@@ -42,7 +42,7 @@ def _engine(args: argparse.Namespace):
     configure_threads(args.threads)
     return NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args),
                           repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned,
-                          document_consistency=args.document_consistency)
+                          document_consistency=args.document_consistency, restricted_output=not args.whole_output_layer)
 
 
 def _count_bias(args: argparse.Namespace):
@@ -78,6 +78,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", default=None, help="comma-separated subset of the model's labels")
     parser.add_argument("--device", default="cpu")
     _add_cpu_options(parser)
+    parser.add_argument("--whole-output-layer", action="store_true",
+                        help="PaDeLLM: compute count and mention logits over the whole vocabulary, as before issue 78 (default: over the "
+                             "tokens an answer may take: digits and stops, the text's own tokens and stops)")
     parser.add_argument("--count-bias", default=None,
                         help="PaDeLLM: favour larger counts by this much log-probability per unit of a count, for every label (0.5) "
                              "or some (ORG=1,MISC=0.75; the others keep the model's) (default: the model's count_bias)")

@@ -48,12 +48,13 @@ class NEREngine:
                  count_bias: CountBiasSetting | CountBias | None = None,
                  repair_duplicates: bool = True, repair_unaligned: bool | None = None,
                  speculated_counts: tuple[int, ...] | None = None, document_consistency: bool | None = None,
-                 diffusion_sampler: "BlockDiffusionSampler | None" = None) -> None:
+                 diffusion_sampler: "BlockDiffusionSampler | None" = None, restricted_output: bool = True) -> None:
         """``max_window_tokens``, ``count_bias``, ``repair_unaligned`` and ``document_consistency``
         default to the model's (``ner_model.json``: ``window_tokens``, else
         :data:`MAX_WINDOW_TOKENS`), ``speculated_counts`` to the device's
         (:data:`SPECULATED_COUNTS`); see :class:`StrategyOptions` for what each strategy setting
-        does, :mod:`.document_consistency` for the last."""
+        does (``restricted_output`` False: PaDeLLM's answers over the whole output layer, the path
+        before issue 78), :mod:`.document_consistency` for the last."""
         self.ner_model = ner_model
         self.max_window_tokens = max_window_tokens or ner_model.config.window_tokens or MAX_WINDOW_TOKENS
         self.max_batch_texts = max_batch_texts
@@ -63,6 +64,7 @@ class NEREngine:
         self.speculated_counts = SPECULATED_COUNTS.get(ner_model.device.type, ()) if speculated_counts is None else tuple(speculated_counts)
         self.document_consistency = ner_model.config.document_consistency if document_consistency is None else document_consistency
         self.diffusion_sampler = diffusion_sampler
+        self.restricted_output = restricted_output
 
     @classmethod
     def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | str = torch.float32, device: str = "cpu",
@@ -86,7 +88,8 @@ class NEREngine:
 
     def strategy_options(self) -> StrategyOptions:
         """The engine's settings as its strategies read them."""
-        return StrategyOptions(self.count_bias, self.repair_duplicates, self.repair_unaligned, self.speculated_counts, self.diffusion_sampler)
+        return StrategyOptions(self.count_bias, self.repair_duplicates, self.repair_unaligned, self.speculated_counts, self.diffusion_sampler,
+                               restricted_output=self.restricted_output)
 
     def strategy(self, name: str) -> Strategy:
         """The strategy registered as ``name``, on this engine's model and settings (a name that

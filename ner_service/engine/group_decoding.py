@@ -12,6 +12,7 @@ from transformers import Cache
 from general_decoding import Decoder, Generation, StopCriteria, TokenConstraint
 from general_decoding.constraints import continued
 from general_decoding.kv_cache import cache_bytes
+from general_decoding.row_vocabulary import RowVocabulary
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.results import ExtractionStats
 
@@ -49,9 +50,12 @@ def decode_groups(
     held: Sequence[Cache],
     stats: ExtractionStats,
     constraints: Sequence[TokenConstraint] = (),
+    vocabulary: RowVocabulary | None = None,
 ) -> Generation:
     """Decode each group of rows (of ``total``) in one :meth:`Decoder.generate` call;
-    ``inputs(group)`` gives its inputs and ``constraints`` number rows as ``total`` does.
+    ``inputs(group)`` gives its inputs and ``constraints`` and ``vocabulary`` (the tokens each row
+    may take, for a decoder that ``supports_vocabulary``; else the whole output layer) number rows
+    as ``total`` does.
     ``held`` are the caches kept meanwhile (for ``kv_cache_bytes``); rows in no group stay empty.
     Only ``kv_cache_bytes`` and the decoder that ran are recorded here: callers count forwards
     and tokens once."""
@@ -62,7 +66,8 @@ def decode_groups(
         group = inputs(rows)
         out = decoder.generate(ner_model.model, group.input_ids.to(ner_model.device), stop,
                                attention_mask=group.attention_mask.to(ner_model.device), past_key_values=group.cache,
-                               context_ids=group.context_ids, constraints=continued(constraints, rows, [[] for _ in rows]))
+                               context_ids=group.context_ids, constraints=continued(constraints, rows, [[] for _ in rows]),
+                               vocabulary=vocabulary.rows(rows) if vocabulary is not None and decoder.supports_vocabulary else None)
         for position, row in enumerate(rows):
             merged.tokens[row] = out.tokens[position]
             merged.token_logprobs[row] = out.token_logprobs[position]

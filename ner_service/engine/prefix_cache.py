@@ -17,6 +17,7 @@ import torch
 from transformers import Cache, DynamicCache
 
 from general_decoding.kv_cache import select_rows
+from general_decoding.row_vocabulary import RowVocabulary, output_softcap
 from general_decoding.tree_attention import build_trie, chain_with_trie, collate_forest_rows, pack_rows
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window
@@ -47,9 +48,12 @@ class PrefixCache:
     logits: list[dict[tuple[int, ...], torch.Tensor]] = field(default_factory=list)
 
     @classmethod
-    def encode(cls, ner_model: NERModel, windows: list[Window], branches: list[list[int]], one_row: bool = False) -> "PrefixCache":
+    def encode(cls, ner_model: NERModel, windows: list[Window], branches: list[list[int]], one_row: bool = False,
+               vocabulary: RowVocabulary | None = None) -> "PrefixCache":
         """One forward over every window's prefix with ``branches`` behind it, merged into a trie
-        (``one_row``: every window in one row, for a decoder that ``shares_cache``)."""
+        (``one_row``: every window in one row, for a decoder that ``shares_cache``). With
+        ``vocabulary`` (a row per window and branch, window by window), the logits kept are
+        log-probabilities over each row's tokens only (``-inf`` elsewhere)."""
         model, device = ner_model.model, ner_model.device
         tokens = [prompts.prefix_ids(ner_model.tokenizer, w.text) for w in windows]
         trie = build_trie(branches)
@@ -69,9 +73,13 @@ class PrefixCache:
         with torch.inference_mode():
             out = model.get_decoder()(input_ids=ids.to(device), attention_mask=tree_mask.to(device), position_ids=positions.to(device),
                                       cache=DynamicCache(), use_cache=True)
-            logits = model.get_output_embeddings()(out.last_hidden_state[
+            hidden = out.last_hidden_state[
                 [row_of[w] for w in range(len(windows)) for _ in ends],
-                [start[w] + len(p) + end for w, p in enumerate(tokens) for end in ends]])
+                [start[w] + len(p) + end for w, p in enumerate(tokens) for end in ends]]
+            if vocabulary is None:
+                logits = model.get_output_embeddings()(hidden)
+            else:
+                logits = vocabulary.logprobs(hidden[:, None], model.get_output_embeddings(), output_softcap(model))[:, 0]
         mask = torch.zeros(len(windows), ids.shape[1], dtype=torch.long)  # host-side bookkeeping, like the masks built from it
         prefix_cache = cls(tokens, out.cache, mask, row_of)
         for w, p in enumerate(tokens):

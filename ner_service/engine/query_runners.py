@@ -13,13 +13,14 @@ branch's rest (which yields its first token) and every known answer token with t
 follows it wherever it occurs (a mention is a copy of the text: most finish in that forward,
 their end token the verified bonus). A decoder goes on with the unfinished rows, each over its
 window's cache row and its path. A decoder that ``shares_cache`` (``one_sequence``) decodes
-the branches as one sequence over the cache instead.
+the branches as one sequence over the cache instead. Told the tokens each answer may take
+(:meth:`SharedPrefixRunner.restrict_answers`), it computes the logits of those tokens only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -27,6 +28,7 @@ from general_decoding import Decoder, DraftVerifyDecoder, Generation, StopCriter
 from general_decoding.constraints import admissible_draft, continued
 from general_decoding.copy_draft import copy_candidates
 from general_decoding.kv_cache import release_after
+from general_decoding.row_vocabulary import RowVocabulary
 from ner_service.engine.branch_forward import BranchForward, BranchRow, Node
 from ner_service.engine.chunking import Window
 from ner_service.engine.group_decoding import GroupInputs, batches, count_generation, decode_groups, empty_generation
@@ -34,6 +36,9 @@ from ner_service.engine.ner_model import NERModel
 from ner_service.engine.prefix_cache import PrefixCache
 from ner_service.engine.queries import Branch
 from ner_service.engine.results import ExtractionStats
+
+if TYPE_CHECKING:
+    from ner_service.engine.answer_vocabulary import AnswerVocabulary
 
 #: Tokens of the text drafted after a known answer token, per occurrence of that token.
 MENTION_DRAFT_TOKENS = 4
@@ -56,9 +61,19 @@ class SharedPrefixRunner:
     def __init__(self, ner_model: NERModel, windows: list[Window], one_row: bool = False) -> None:
         self.ner_model, self.windows, self.one_row = ner_model, windows, one_row
         self.prefix: PrefixCache | None = None
+        self.vocabulary: AnswerVocabulary | None = None
+
+    def restrict_answers(self, vocabulary: "AnswerVocabulary") -> None:
+        """From now on, every answer's logits over the tokens ``vocabulary`` gives its branch only
+        (a decoder that does not take a row vocabulary keeps the whole output layer)."""
+        self.vocabulary = vocabulary
+
+    def _rows(self, branches: Sequence[tuple[int, Sequence[int]]]) -> RowVocabulary | None:
+        return None if self.vocabulary is None or not branches else self.vocabulary.rows(branches)
 
     def encode(self, branches: list[list[int]], stats: ExtractionStats) -> torch.Tensor:
-        self.prefix = PrefixCache.encode(self.ner_model, self.windows, branches, self.one_row)
+        vocabulary = self._rows([(w, b) for w in range(len(self.windows)) for b in branches])
+        self.prefix = PrefixCache.encode(self.ner_model, self.windows, branches, self.one_row, vocabulary)
         stats.forward_passes += 1
         return torch.stack([torch.stack([logits[tuple(b)] for b in branches]) for logits in self.prefix.logits])
 
@@ -73,7 +88,8 @@ class SharedPrefixRunner:
         if constraints or not decoder.shares_cache:
             branch_decoder = get_decoder("greedy") if decoder.shares_cache else decoder
             stats.ran(branch_decoder)
-            return self._branch_forward(branches, branch_decoder, stop, stats, constraints, drafts=isinstance(branch_decoder, DraftVerifyDecoder))
+            return self._branch_forward(branches, branch_decoder, stop, stats, constraints, drafts=isinstance(branch_decoder, DraftVerifyDecoder),
+                                        vocabulary=self._rows([(b.window_index, b.tokens) for b in branches]))
         stats.ran(decoder)
         return self._one_sequence(branches, decoder, stop, stats)
 
@@ -103,9 +119,10 @@ class SharedPrefixRunner:
         return merged
 
     def _branch_forward(self, branches: list[Branch], decoder: Decoder, stop: StopCriteria, stats: ExtractionStats,
-                        constraints: Sequence[TokenConstraint], drafts: bool) -> Generation:
+                        constraints: Sequence[TokenConstraint], drafts: bool, vocabulary: RowVocabulary | None = None) -> Generation:
         """Known first tokens from the cached logits; one forward for the rest of the branches and
-        for the drafts after known tokens; then ``decoder`` for the rows still unfinished."""
+        for the drafts after known tokens; then ``decoder`` for the rows still unfinished
+        (``vocabulary``: the tokens each branch may take, else the whole output layer)."""
         prefix = self.prefix
         assert prefix is not None
         result = empty_generation(len(branches))
@@ -138,17 +155,17 @@ class SharedPrefixRunner:
         index = {r: i for i, r in enumerate(fed)}
         if asked:
             nodes = [forward.answer_node(index[r]) for r in asked]
-            logprobs = forward.logprobs(nodes)
+            logprobs = forward.logprobs(nodes, vocabulary.rows(asked) if vocabulary is not None else None)
             first = choose(logprobs.clone() if constraints else logprobs, constraints, asked, [[] for _ in asked]).tolist()
             for r, node, token, row_lp in zip(asked, nodes, first, logprobs):
                 if self._emit(result, r, token, float(row_lp[token]), stop):
                     last[r], pending[r] = node, token
         for r in known:
-            node, token = self._verify(forward, index[r], result, r, stop, constraints)
+            node, token = self._verify(forward, index[r], result, r, stop, constraints, vocabulary)
             if node is not None:
                 last[r], pending[r] = node, token
         if pending:
-            self._decode_rest(forward, branches, decoder, stop, stats, constraints, result, last, pending)
+            self._decode_rest(forward, branches, decoder, stop, stats, constraints, result, last, pending, vocabulary)
         stats.kv_cache_bytes = max(stats.kv_cache_bytes, forward.bytes())
         count_generation(stats, result)
         return result
@@ -165,12 +182,12 @@ class SharedPrefixRunner:
         return len(result.tokens[row]) < stop.max_new_tokens
 
     def _verify(self, forward: BranchForward, fed_row: int, result: Generation, row: int, stop: StopCriteria,
-                constraints: Sequence[TokenConstraint]) -> tuple[Node | None, int]:
+                constraints: Sequence[TokenConstraint], vocabulary: RowVocabulary | None = None) -> tuple[Node | None, int]:
         """Follow ``row``'s drafts from its known token while each next token (the greedy one within
         ``constraints``) was fed; emit them and the one after. Returns the last fed node on the way
         and that last token when the row goes on, else ``(None, stop token)``."""
         nodes = forward.subtree(fed_row)
-        logprobs = dict(zip(nodes, forward.logprobs(nodes)))
+        logprobs = dict(zip(nodes, forward.logprobs(nodes, vocabulary.rows([row] * len(nodes)) if vocabulary is not None else None)))
         node = forward.answer_node(fed_row)
         while True:
             row_lp = logprobs[node][None]
@@ -184,7 +201,8 @@ class SharedPrefixRunner:
             node = following
 
     def _decode_rest(self, forward: BranchForward, branches: list[Branch], decoder: Decoder, stop: StopCriteria, stats: ExtractionStats,
-                     constraints: Sequence[TokenConstraint], result: Generation, last: dict[int, Node], pending: dict[int, int]) -> None:
+                     constraints: Sequence[TokenConstraint], result: Generation, last: dict[int, Node], pending: dict[int, int],
+                     vocabulary: RowVocabulary | None = None) -> None:
         """``decoder`` goes on from each unfinished row's last fed node, feeding its pending token;
         the answers are cut at ``stop.max_new_tokens`` tokens."""
         prefix = self.prefix
@@ -196,7 +214,7 @@ class SharedPrefixRunner:
         rest = decode_groups(
             self.ner_model, decoder, batches(decoder, rows), len(branches), StopCriteria(max(room, 1), stop.stop_token_ids),
             lambda group: forward.inputs(group, last, pending, [prefix.tokens[branches[r].window_index] for r in group]),
-            [prefix.cache, forward.cache], stats, after)
+            [prefix.cache, forward.cache], stats, after, vocabulary)
         for r in rows:
             keep = stop.max_new_tokens - len(result.tokens[r])
             tokens, logprobs = rest.tokens[r][:keep], rest.token_logprobs[r][:keep]

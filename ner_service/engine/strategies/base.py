@@ -26,13 +26,16 @@ class StrategyOptions:
     more often than the text holds it; ``repair_unaligned`` re-asks one that is not in the text
     at all, restricted to spans of it; ``speculated_counts`` are the counts whose mention queries
     PaDeLLM feeds with the count queries (:mod:`.padellm`); ``diffusion_sampler`` samples
-    Fast-dLLM's answers (None: the default sampler)."""
+    Fast-dLLM's answers (None: the default sampler); ``restricted_output`` computes PaDeLLM's
+    count and mention logits over the tokens their answers may take only
+    (:mod:`ner_service.engine.answer_vocabulary`; False: the whole output layer, the old path)."""
 
     count_bias: CountBias = CountBias()
     repair_duplicates: bool = True
     repair_unaligned: bool = False
     speculated_counts: tuple[int, ...] = ()
     diffusion_sampler: "BlockDiffusionSampler | None" = None
+    restricted_output: bool = False
 
 
 class Strategy(ABC):

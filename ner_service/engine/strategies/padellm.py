@@ -17,6 +17,10 @@ For a batch of windows:
    it: the one a count one too low left out, or nothing;
 3. the answers that offset alignment would lose are re-asked (:mod:`.repairs`).
 
+With ``restricted_output`` (the engine's default) every count and mention answer is computed over
+the tokens it may take only: digits and stops, the window's own tokens and stops
+(:mod:`ner_service.engine.answer_vocabulary`), not over the whole output layer.
+
 A mention's score is the probability of its path: that its label holds a k-th mention (the
 count's own distribution, before any bias) times its answer (:meth:`Counts.held_logprob`).
 """
@@ -31,6 +35,7 @@ import torch
 
 from general_decoding import Decoder, TokenBias
 from ner_service.engine import prompts
+from ner_service.engine.answer_vocabulary import AnswerVocabulary
 from ner_service.engine.query_runners import QueryRunner, SharedPrefixRunner
 from ner_service.engine.chunking import Window
 from ner_service.engine.ner_model import NERModel
@@ -82,6 +87,8 @@ class PaDeLLM(Strategy):
 
     def mentions(self, windows: list[Window], labels: list[str], decoder: Decoder, stats: ExtractionStats) -> list[list[Mention]]:
         runner = self.runner(self.ner_model, windows, decoder.shares_cache)
+        if self.options.restricted_output and hasattr(runner, "restrict_answers"):  # counts and copies: their tokens' logits only
+            runner.restrict_answers(AnswerVocabulary(self.ner_model, windows, [count_query_ids(self.ner_model, label) for label in labels]))
         with stats.phase("prefix+count"):
             counted = self._counts(runner, windows, labels, stats)
         counts = counted.chosen
