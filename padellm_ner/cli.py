@@ -108,15 +108,30 @@ def _labels(args: argparse.Namespace) -> list[str] | None:
 
 def cmd_extract(args: argparse.Namespace) -> int:
     """One JSON line per text (``{"text", "entities", "stats"}``), in the order given, however
-    many texts: the output of one text and of a thousand is read the same way."""
+    many texts: the output of one text and of a thousand is read the same way. Without
+    ``--model``, a Chinese text goes to the Chinese model, and stderr says so."""
+    from ner_service.engine.languages import guess_language
+    from ner_service.engine.ner_model import DEFAULT_MODEL, default_model_for_language
     from ner_service.engine.results import checked_threshold
 
     threshold = checked_threshold(args.threshold)
-    options = _options(args)
-    engine = _engine(args)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
-    for text, result in zip(texts, engine.extract_with(options, texts)):
-        print(json.dumps({"text": text, **result.above(threshold).to_dict()}, ensure_ascii=False))
+    if args.model is None:
+        chinese = default_model_for_language("zh")
+        models = [chinese if guess_language(text) == "zh" else DEFAULT_MODEL for text in texts] or [DEFAULT_MODEL]
+        if chinese in models:
+            print(f"padellm-ner: {models.count(chinese)} of {len(texts)} text(s) in Chinese: model {chinese} "
+                  f"(the others {DEFAULT_MODEL}; --model chooses one)", file=sys.stderr)
+    else:
+        models = [args.model] * len(texts)
+    results: dict[int, object] = {}
+    for model in dict.fromkeys(models):
+        args.model = model
+        options, engine = _options(args), _engine(args)
+        indices = [i for i, m in enumerate(models) if m == model]
+        results.update(zip(indices, engine.extract_with(options, [texts[i] for i in indices])))
+    for index, text in enumerate(texts):
+        print(json.dumps({"text": text, **results[index].above(threshold).to_dict()}, ensure_ascii=False))
     return 0
 
 
@@ -201,6 +216,7 @@ def _extract_options(extract: argparse.ArgumentParser) -> None:
                          help="drop entities whose score (the probability the model gave them) is below this, 0 to 1 "
                               "(default: %(default)s, all)")
     _add_engine_options(extract)
+    extract.set_defaults(model=None)  # no --model: the default model of each text's language (cmd_extract)
 
 
 def _evaluate_options(evaluate: argparse.ArgumentParser) -> None:

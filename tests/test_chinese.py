@@ -108,3 +108,27 @@ def test_weibo_char_and_position_tokens(tmp_path: Path) -> None:
     assert [(example.text[s.start:s.end], s.start, s.end, s.label) for s in example.spans] == [
         ("北京", 2, 4, "GPE.NAM"), ("女人", 7, 9, "PER.NOM"),
     ]
+
+
+def test_a_text_is_read_as_chinese_when_most_of_its_letters_are_ideographs() -> None:
+    from ner_service.engine.languages import guess_language
+
+    assert guess_language("1986年至1997年，在甘肃省畜产公司工作；") == "zh"
+    assert guess_language("在 Google 公司担任 Software Engineer 职位") == "zh"  # English names inside Chinese text
+    assert guess_language("The Beijing office of 华为 opened .") == "en"
+    assert guess_language("1996-08-30 , 3 - 1") is None
+
+
+def test_extract_without_a_model_sends_a_chinese_text_to_the_chinese_model_and_says_so(zh_engine: NEREngine) -> None:
+    import json
+    import subprocess
+    import sys
+
+    text = "1986年至1997年，在甘肃省畜产公司工作；"
+    done = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "extract", text], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert f"1 of 1 text(s) in Chinese: model {default_model_for_language('zh')}" in done.stderr
+    [line] = done.stdout.splitlines()
+    (expected,) = zh_engine.extract([text])
+    assert [(e["start"], e["end"], e["label"]) for e in json.loads(line)["entities"]] == [(e.start, e.end, e.label) for e in expected.entities]
+    assert expected.entities, "compares entities, not empty lists"
