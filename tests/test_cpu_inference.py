@@ -252,3 +252,15 @@ def test_ingest_and_jobs_status_do_not_load_torch(tmp_path: Path) -> None:
         report = json.loads(done.stdout.strip().splitlines()[-1])
         assert report["code"] == 0, report
         assert report["loaded"] == [], f"padellm-ner {' '.join(argv)} imported {report['loaded']}"
+
+
+@pytest.mark.parametrize("base", ["smollm2-135m-instruct", "gemma3-270m"])
+def test_the_line_break_tokens_are_those_of_decoding_every_token(base: str) -> None:
+    from transformers import AutoTokenizer
+
+    from ner_service.engine.model_loading import resolve_model_folder
+    from ner_service.engine.ner_model import line_break_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_folder(base))
+    every = {index for index, text in enumerate(tokenizer.batch_decode([[index] for index in range(len(tokenizer))])) if "\n" in text}
+    assert line_break_tokens(tokenizer) == every and len(every) > 10
