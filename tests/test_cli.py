@@ -101,6 +101,19 @@ def test_bad_training_data_stops_before_training_with_file_line_and_reason(tmp_p
         assert not output.exists()  # nothing trained, nothing written
 
 
+def test_a_run_too_small_to_learn_says_so_plainly_and_one_large_enough_does_not(tmp_path: Path) -> None:
+    data = tmp_path / "small.jsonl"
+    data.write_text("".join(json.dumps({"text": f"Peter met Anna on day {i}", "entities": [{"start": 0, "end": 5, "label": "PER"}]}) + "\n"
+                            for i in range(4)))
+    done = run("train", "--train", str(data), "--output", str(tmp_path / "small"), "--base", TINY_BASE, "--epochs", "1")
+    assert done.returncode == 0, done.stderr
+    assert f"{data}: 4 training texts make 1 optimizer step(s) an epoch" in done.stderr and "too few to learn" in done.stderr
+    assert json.loads((tmp_path / "small" / "training.json").read_text())["steps"] == 1
+    enough = run("train", "--train", str(data), "--output", str(tmp_path / "enough"), "--base", TINY_BASE, "--epochs", "1",
+                 "--max-steps", "2")  # steps asked for on purpose: no warning
+    assert enough.returncode == 0 and "too few to learn" not in enough.stderr, enough.stderr
+
+
 def test_training_runs_under_jemalloc_unless_told_otherwise(tmp_path: Path) -> None:
     from training.allocator import CHOICE_VARIABLE, STARTED_VARIABLE, jemalloc_library
 

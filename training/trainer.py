@@ -9,6 +9,8 @@ every few minutes, and ``resume`` that continues a killed run exactly.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import random
 import re
 import time
@@ -21,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from general_decoding.kept_vocabulary import KeptVocabulary
 from training.allocator import current_allocator
+from training.batching import length_batches
 from training.loop import LoopSettings, run_loop
 from training.loss import answer_loss, inner_model
 from training.precision import resolve_precision
@@ -43,6 +46,27 @@ def oversample_hard_counts(examples: list[Example], labels: list[str], minimum: 
     if repeat <= 1:
         return examples
     return [e for e in examples for _ in range(repeat if any(len(e.mentions(label)) >= minimum for label in labels) else 1)]
+
+log = logging.getLogger(__name__)
+#: Fewer optimizer steps than this teach a model none of its queries (a 20-line file for 3 epochs
+#: is 3 steps, and scores 0 on dev): the run says so before it starts.
+MIN_USEFUL_STEPS = 50
+
+
+def too_few_steps(n_texts: int, lengths: list[int], config: TrainConfig) -> str | None:
+    """What to tell a user whose run will take too few optimizer steps to learn anything (None:
+    enough, or ``max_steps`` set on purpose)."""
+    if config.max_steps is not None:
+        return None
+    per_epoch = len(length_batches(list(lengths), config.batch_tokens, config.seed))
+    steps = max(1, math.ceil(per_epoch * config.epochs))
+    if steps >= MIN_USEFUL_STEPS:
+        return None
+    epochs = math.ceil(MIN_USEFUL_STEPS / per_epoch)
+    return (f"{config.train}: {n_texts} training texts make {per_epoch} optimizer step(s) an epoch in batches of "
+            f"{config.batch_tokens} tokens, so {config.epochs:g} epoch(s) are {steps} step(s): too few to learn the queries "
+            f"(about {MIN_USEFUL_STEPS} at least). Give more texts (a few hundred), or --epochs {epochs}, or a smaller "
+            f"--batch-tokens; with only a few dozen texts expect a weak model.")
 
 
 def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, int]:
@@ -188,6 +212,9 @@ def train(config: TrainConfig) -> dict:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     vocabulary = KeptVocabulary.of((t for r in rows for t in r.input_ids), tokenizer) if config.kept_vocabulary else None
     lengths = [len(r) for r in rows]
+    warning = too_few_steps(len(train_examples), lengths, config)
+    if warning:
+        log.warning(warning)
     settings = LoopSettings(lr=config.lr, batch_tokens=config.batch_tokens, seed=config.seed, checkpoint_folder=output / "checkpoint",
                             epochs=config.epochs, warmup_steps=config.warmup_steps, max_steps=config.max_steps,
                             max_minutes=config.max_minutes, checkpoint_minutes=config.checkpoint_minutes, resume=config.resume)
