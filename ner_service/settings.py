@@ -26,7 +26,8 @@ class Settings(BaseSettings):
     # REST API
     ner_api_keys: str = ""  # comma-separated; empty = development mode without authentication (logged)
     ner_rate_limit_per_minute: int = 600
-    ner_max_text_chars: int = 20_000
+    ner_max_text_chars: int = 20_000  # a batch job's document
+    ner_max_entities_text_chars: int = 5_000  # a text of POST /v1/entities: one the default deployment answers within the timeout
     ner_max_texts: int = 64
     ner_request_timeout_s: float = 60.0
     ner_header_timeout_s: float = 30.0  # a request's headers must arrive within this, from its first byte (else 408, closed)

@@ -14,7 +14,7 @@ import pytest
 
 from ner_service.api.core import batching
 from ner_service.api.core.admission import Admission, Overloaded, ServiceRate, TooMuchWork
-from ner_service.api.core.batching import CALIBRATION_TEXT, MicroBatcher
+from ner_service.api.core.batching import MicroBatcher
 from ner_service.api.core.metrics import Metrics
 from ner_service.api.core.work import work_of
 from ner_service.engine import ExtractOptions, Extraction
@@ -61,19 +61,22 @@ def test_admission_admits_sheds_with_retry_after_or_refuses_what_can_never_fit()
         admission.check(tokens=1001, texts=1, queued_tokens=0, queued_texts=0)
 
 
-def test_at_a_measured_rate_a_request_too_big_for_the_budget_alone_is_shed_not_refused() -> None:
+def test_at_a_measured_rate_a_request_too_big_for_the_budget_alone_is_shed_unless_it_never_fits() -> None:
     rate = ServiceRate(prior_ms_per_token=10.0)
-    admission = Admission(rate, budget_s=8.0, max_request_tokens=1000, queue_max_texts=10)
+    admission = Admission(rate, budget_s=8.0, max_request_tokens=2000, queue_max_texts=10)
     with pytest.raises(Overloaded, match="NER_PRIOR_MS_PER_TOKEN") as shed:  # 9 s at the rate assumed so far
         admission.check(tokens=900, texts=1, queued_tokens=0, queued_texts=0)
     assert shed.value.retry_after_s == 1  # nothing queued: retry as soon as the engine is measured
-    rate.observe(100, 2.0)  # measured: 20 ms a token (a machine busy with something else)
-    with pytest.raises(Overloaded, match="measured rate") as shed:  # 10 s alone
+    rate.observe(100, 0.5)  # measured: 5 ms a token, the fastest yet
+    rate.observe(100, 2.0, fresh=True)  # then 20 ms a token (a machine busy with something else)
+    with pytest.raises(Overloaded, match="measured rate") as shed:  # 10 s alone now, 2.5 s at the fastest: it could fit later
         admission.check(tokens=500, texts=1, queued_tokens=300, queued_texts=2)
     assert shed.value.retry_after_s == 6  # once the 6 s of work ahead are done, the rate is measured anew
     admission.check(tokens=300, texts=1, queued_tokens=0, queued_texts=0)  # 6 s: fits
+    with pytest.raises(TooMuchWork, match="never be answered here.*POST /v1/jobs"):  # 8.5 s even at the fastest rate
+        admission.check(tokens=1700, texts=1, queued_tokens=0, queued_texts=0)
     with pytest.raises(TooMuchWork, match="NER_MAX_REQUEST_TOKENS"):  # limits that do not move
-        admission.check(tokens=1001, texts=1, queued_tokens=0, queued_texts=0)
+        admission.check(tokens=2001, texts=1, queued_tokens=0, queued_texts=0)
     with pytest.raises(TooMuchWork, match="NER_QUEUE_MAX"):
         admission.check(tokens=100, texts=11, queued_tokens=0, queued_texts=0)
 
@@ -110,7 +113,7 @@ def test_a_request_refused_on_an_idle_engine_has_the_engine_measured_and_its_ret
         await batcher.stop()
 
     asyncio.run(scenario())
-    assert calls == [[CALIBRATION_TEXT], [text]]
+    assert calls == [[text], [text]]  # measured on the refused request's own work
     assert rate.seconds_per_token == pytest.approx(0.001)
 
 
@@ -158,7 +161,7 @@ def test_a_request_that_can_never_fit_at_the_fixed_rate_is_413(make_client) -> N
 
 def test_white_space_is_no_work_and_work_is_counted_in_tokens_not_characters(make_client) -> None:
     # a budget of 8 s at 10 ms a token: 800 tokens of work, whatever the characters
-    client = make_client(ner_fixed_ms_per_token=10.0, ner_request_timeout_s=10.0)
+    client = make_client(ner_fixed_ms_per_token=10.0, ner_request_timeout_s=10.0, ner_max_entities_text_chars=20_000)
     blank = client.post("/v1/entities", json={"text": "\n" * 20_000})
     assert blank.status_code == 200 and blank.json()["results"][0]["entities"] == []
     gap = "Peter Blackburn met officials in Brussels ." + "\n" * 15_000 + " \t" * 2_000 + TEXT

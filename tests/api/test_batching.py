@@ -136,10 +136,11 @@ async def _behind_a_held_engine(app: FastAPI, body: dict) -> httpx.Response:
                 return await client.post("/v1/entities", json=body)
 
 
-def test_a_request_past_its_timeout_is_504_and_its_work_is_released(app_factory: Callable[..., FastAPI]) -> None:
+def test_a_request_past_its_timeout_is_503_with_retry_after_and_its_work_is_released(app_factory: Callable[..., FastAPI]) -> None:
     app = app_factory(ner_request_timeout_s=0.5, ner_fixed_ms_per_token=1.0)  # admitted: 0.4 s fits its 42 tokens
     response = asyncio.run(_behind_a_held_engine(app, {"texts": [TEXT, TEXT]}))
-    assert response.status_code == 504 and "NER_REQUEST_TIMEOUT_S" in response.json()["detail"]
+    assert response.status_code == 503 and "NER_REQUEST_TIMEOUT_S" in response.json()["detail"]
+    assert int(response.headers["Retry-After"]) >= 1
     state = app.state.api
     assert (state.batcher.pending_texts, state.batcher.pending_tokens) == (0, 0)
 

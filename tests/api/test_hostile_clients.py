@@ -28,13 +28,13 @@ from tests.local_services import live_server
 
 TEXT = "EU rejects German call to boycott British lamb ."
 ALPHA, BETA = {"X-API-Key": "alpha-key"}, {"X-API-Key": "beta-key"}
-#: The longest text a request may hold (NER_MAX_TEXT_CHARS): about 150 pieces of engine work.
+#: The longest text of a batch job (NER_MAX_TEXT_CHARS), let into the API here (NER_MAX_ENTITIES_TEXT_CHARS): about 150 pieces of engine work.
 LONG_TEXT = " ".join(f"Peter Blackburn of Reuters met officials in Brussels on day {i} ." for i in range(400))[:20_000]
 
 
 def _env(folder: Path, redis_url: str, **overrides: str) -> dict[str, str]:
     return {"NER_MODEL": "tiny-conll03", "NER_API_KEYS": "alpha-key,beta-key", "NER_RATE_LIMIT_PER_MINUTE": "100000",
-            "NER_MAX_REQUEST_TOKENS": "60000",
+            "NER_MAX_REQUEST_TOKENS": "60000", "NER_MAX_ENTITIES_TEXT_CHARS": "20000",
             "DATABASE_URL": f"sqlite:///{folder / 'pipeline.db'}", "REDIS_URL": redis_url, **overrides}
 
 

@@ -1,9 +1,11 @@
 """Admission: a request is accepted only if the work queued before it and its own can be done
 within the request timeout at the engine's rate; otherwise 429 with the seconds after which it
-could be (``Retry-After``). 413 is kept for what can never fit, limits that do not move: more
-work than one request may hold (``NER_MAX_REQUEST_TOKENS``), more texts than the queue may
-(``NER_QUEUE_MAX``), or more than the timeout allows alone at a fixed rate (``NER_FIXED_MS_PER_TOKEN``). At a measured rate a request too big for
-the timeout alone is 429 too: the rate moves with the machine's load."""
+could be (``Retry-After``). 413 is kept for what can never fit: more work than one request may
+hold (``NER_MAX_REQUEST_TOKENS``), more texts than the queue may (``NER_QUEUE_MAX``), or more
+than the timeout allows alone at a fixed rate (``NER_FIXED_MS_PER_TOKEN``) or at the fastest
+rate this server has measured (it would not fit on an idle engine: a batch job, ``POST
+/v1/jobs``, takes it). A request that fits alone at the fastest rate but not at the current one
+is 429: the rate moves with the machine's load, and the engine is measured anew on it."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class ServiceRate:
 
     def __init__(self, prior_ms_per_token: float, horizon_tokens: int = RATE_HORIZON_TOKENS, *, measuring: bool = True) -> None:
         self.seconds_per_token = prior_ms_per_token / 1000
+        self.best_seconds_per_token: float | None = None  # the fastest measured, once measured
         self.horizon_tokens = horizon_tokens
         self.measuring = measuring
         self._seconds = 0.0  # the decayed sums of the calls observed
@@ -56,14 +59,17 @@ class ServiceRate:
         """Whether an engine call has been observed (else the rate is the prior, or fixed)."""
         return self._tokens > 0
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """Record one engine call over ``tokens`` tokens of work (nothing, for a fixed rate)."""
+    def observe(self, tokens: int, seconds: float, fresh: bool = False) -> None:
+        """Record one engine call over ``tokens`` tokens of work (nothing, for a fixed rate);
+        ``fresh``: the call alone is the rate (a measurement of the idle engine on the work of a
+        refused request, which the calls before it, of other sizes and loads, must not outweigh)."""
         if tokens > 0 and self.measuring:
             with self._lock:
-                kept = math.exp(-tokens / self.horizon_tokens)
+                kept = 0.0 if fresh else math.exp(-tokens / self.horizon_tokens)
                 self._seconds = self._seconds * kept + seconds
                 self._tokens = self._tokens * kept + tokens
                 self.seconds_per_token = self._seconds / self._tokens
+                self.best_seconds_per_token = min(self.best_seconds_per_token or math.inf, self.seconds_per_token)
 
     def seconds_for(self, tokens: int) -> float:
         return tokens * self.seconds_per_token
@@ -95,6 +101,11 @@ class Admission:
                  f"{self.budget_s:.0f} s a request may wait")
         if own > self.budget_s and not self.rate.measuring:
             raise TooMuchWork(f"{alone}: send fewer or shorter texts, or a batch job (/v1/jobs)")
+        best = self.rate.best_seconds_per_token
+        if best is not None and tokens * best > self.budget_s:
+            raise TooMuchWork(f"the request needs about {tokens * best:.0f} s of engine time even at the fastest rate this server "
+                              f"has measured ({best * 1000:.1f} ms a token), more than the {self.budget_s:.0f} s a request may wait: "
+                              "it can never be answered here; send fewer or shorter texts, or long texts as a batch job (POST /v1/jobs)")
         if texts > self.queue_max_texts:
             raise TooMuchWork(f"the request holds {texts} texts, more than the queue may (NER_QUEUE_MAX={self.queue_max_texts}): "
                               "send fewer texts, or a batch job (/v1/jobs)")

@@ -45,8 +45,7 @@ T = TypeVar("T")
 Runner = Callable[[ExtractOptions, list[str]], list[Extraction]]
 #: A text's entities from those of its pieces (``NEREngine.text_entities`` of the options' model).
 TextEntities = Callable[[ExtractOptions, str, list[Entity]], list[Entity]]
-#: What the engine is measured on when nothing else would measure it (:meth:`MicroBatcher._calibrate`).
-CALIBRATION_TEXT = "Angela Merkel met Emmanuel Macron in Paris on Monday , and the two spoke to reporters ."
+#: The queue of the calls that measure the engine when nothing else would (:meth:`MicroBatcher._calibrate`).
 CALIBRATION_CALLER = "(calibration)"
 
 
@@ -59,6 +58,7 @@ class _Request:
     pieces: list[Piece]
     future: asyncio.Future[list[Extraction]] = field(repr=False)
     answers: dict[int, Extraction] = field(default_factory=dict)  # by piece index
+    calibration: bool = False  # measures the idle engine: its call alone is the rate
 
     @property
     def tokens(self) -> int:
@@ -168,7 +168,7 @@ class MicroBatcher:
         try:
             self.admission.check(request.tokens, len(texts), self.pending_tokens, self.pending_texts)
         except Overloaded:
-            self._calibrate(options)
+            self._calibrate(request)
             raise
         self._enqueue(request, caller)
         self.load(options)
@@ -191,14 +191,20 @@ class MicroBatcher:
         self._queued += len(request.pieces)
         self._arrived.set()
 
-    def _calibrate(self, options: ExtractOptions) -> None:
-        """Measure the engine on :data:`CALIBRATION_TEXT` if nothing else is queued: the rate is
-        learnt only from engine calls, so on an idle engine (a fresh server's, or one measured
-        while the machine was busy) a request refused for its size alone would be refused again
-        however fast the engine is now. One call at a time, only while nothing is queued."""
+    def _calibrate(self, refused: _Request) -> None:
+        """Measure the engine on the first batch the ``refused`` request would have made (one piece
+        of a long text, or up to ``max_texts`` of its texts) if nothing else is queued: the rate
+        is learnt only from engine calls, so on an idle engine (a fresh server's, or one measured
+        while the machine was busy, or on work of another shape: one short text a call costs more
+        a token than a batch or a long text's pieces) a request refused for its size alone would
+        be refused again however fast the engine is now for it. That call alone becomes the rate.
+        One call at a time, only while nothing is queued; its answer is dropped."""
         if self.pending_texts or not self.admission.rate.measuring:
             return
-        request = self._request(options, [CALIBRATION_TEXT])
+        first = refused.pieces[0]
+        texts = [first.text] if first.split else [p.text for p in refused.pieces if not p.split][:self._max_texts]
+        request = self._request(refused.options, texts)
+        request.calibration = True
         self._enqueue(request, CALIBRATION_CALLER)
         request.future.add_done_callback(lambda done: self._calibrated(request, done))
 
@@ -311,7 +317,8 @@ class MicroBatcher:
             began = time.perf_counter()
             results = await self.in_engine_thread(self._run, options, texts)
             self._last_run_s = time.perf_counter() - began
-            self.admission.rate.observe(sum(queued.piece.units for queued in batch), self._last_run_s)
+            self.admission.rate.observe(sum(queued.piece.units for queued in batch), self._last_run_s,
+                                        fresh=any(queued.request.calibration for queued in batch))
             self._metrics.observe_batch(len(texts), results)
             for queued, result in zip(batch, results):
                 request = queued.request

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 from fastapi import APIRouter, HTTPException, Request, status
@@ -24,12 +25,12 @@ ERRORS = {
         400: "the body is not valid UTF-8 JSON",
         401: "missing or invalid API key",
         413: "too many texts, a text too long, a body too large, or more work than one request may ever hold "
-             "(NER_MAX_REQUEST_TOKENS, NER_QUEUE_MAX, the timeout at NER_FIXED_MS_PER_TOKEN)",
+             "(NER_MAX_REQUEST_TOKENS, NER_QUEUE_MAX, the timeout at NER_FIXED_MS_PER_TOKEN or at the fastest rate measured): "
+             "long texts go to a batch job, POST /v1/jobs",
         422: "invalid request: wrong types; an unknown model, label, strategy or decoder, or one the model cannot run",
         429: "rate limit exceeded (it counts texts), too many failed authentications, or the server at capacity or too slow "
              "now for the request's work (see Retry-After)",
-        503: "the model could not be loaded",
-        504: "the request timed out (NER_REQUEST_TIMEOUT_S)",
+        503: "the model could not be loaded, or no answer came within the request timeout (NER_REQUEST_TIMEOUT_S; see Retry-After)",
     }.items()
 }
 
@@ -39,9 +40,10 @@ def _check_limits(texts: list[str], state: ApiState) -> None:
     if len(texts) > settings.ner_max_texts:
         raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"{len(texts)} texts in one request; at most {settings.ner_max_texts} (NER_MAX_TEXTS)")
     for index, text in enumerate(texts):
-        if len(text) > settings.ner_max_text_chars:
+        if len(text) > settings.ner_max_entities_text_chars:
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
-                                f"text {index} has {len(text)} characters; at most {settings.ner_max_text_chars} (NER_MAX_TEXT_CHARS)")
+                                f"text {index} has {len(text)} characters; at most {settings.ner_max_entities_text_chars} "
+                                "(NER_MAX_ENTITIES_TEXT_CHARS): send longer texts as a batch job (POST /v1/jobs)")
 
 
 async def _client_gone(request: Request) -> None:
@@ -67,7 +69,10 @@ async def _extract(request: Request, state: ApiState, options: ExtractOptions, t
         if gone in done:
             logger.info("client gone: its work is cancelled")
             raise HTTPException(499, "client closed the request")
-        raise HTTPException(status.HTTP_504_GATEWAY_TIMEOUT, f"no answer within {timeout} s (NER_REQUEST_TIMEOUT_S)")
+        # an answer late for its client is no answer: a 503 it can retry on, within the time it was promised one
+        retry = max(1, math.ceil(state.batcher.admission.rate.seconds_for(state.batcher.pending_tokens)))  # the queue done
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"no answer within {timeout} s (NER_REQUEST_TIMEOUT_S): the "
+                            "engine is slower now than admission measured it; retry later", headers={"Retry-After": str(retry)})
     try:
         return work.result()
     except TooMuchWork as error:
