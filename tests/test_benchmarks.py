@@ -264,3 +264,18 @@ def test_score_calibration_reports_precision_and_recall_at_each_threshold(tmp_pa
         assert rows[0]["kept"] == measured["mentions"] > 0 and [r["kept"] for r in rows] == sorted((r["kept"] for r in rows), reverse=True)
         assert [r["recall"] for r in rows] == sorted((r["recall"] for r in rows), reverse=True)  # a higher threshold never finds more
         assert sum(b["mentions"] for b in measured["reliability"]) == measured["mentions"] and 0 <= measured["ece"] <= 1
+
+
+def test_cpu_inference_times_todays_path_against_the_new_default_in_one_run(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "cpu_inference.json"
+    report = _report(_run("cpu_inference.py", "--model", "tiny-conll03", "--limit", "2", "--batch-sizes", "1,16", "--no-cold",
+                          "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    rows = report["results"]
+    assert [(r["batch"], r["arm"]) for r in rows] == [(1, "baseline"), (1, "default"), (1, "ar_default"), (16, "baseline"), (16, "default")]
+    assert rows[0]["dtype"] == "float32" and rows[1]["dtype"] == report["default_dtype"]
+    assert report["speedup_batch1"] > 0 and report["speedup_batch16"] > 0 and report["padellm_vs_ar_batch1"] > 0
+    assert 0 <= report["f1_baseline"] <= 100 and 0 <= report["f1_default"] <= 100 and 0 <= report["identical_texts"] <= 2
+    assert all(r["gflops"] > 0 and r["peak_gflops"] > 0 and r["part_ms_per_text"]["decoder stack"] > 0 for r in rows)
+    assert all(r["part_ms_per_text"]["output layer"] > 0 for r in rows)  # the whole layer (baseline, AR) and the restricted rows
+    assert f"{report['default_dtype']}_threads{report['default_threads']}" in report["matmul_peak_gflops"]
+    assert all(value > 0 for value in report["matmul_peak_gflops"].values())

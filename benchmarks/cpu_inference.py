@@ -1,0 +1,322 @@
+"""Today's CPU path against the new default, on the same dev texts, at batch 1 and 16, in one run.
+
+Arms (the same model, the same texts, interleaved batch by batch so that machine noise hits them
+alike; each warmed up on its first batch, untimed):
+
+* ``baseline``: the path before issue 78: float32 weights, PaDeLLM's answers over the whole
+  output layer (262,144 rows for Gemma 3), torch's default threads;
+* ``default``: the engine's default now: ``dtype auto`` (bfloat16 on a CPU with AVX512_BF16 or
+  AMX, else float32), count and mention logits over the tokens their answers may take only
+  (``ner_service/engine/answer_vocabulary.py``), threads from the CPU quota (``engine/cpu.py``);
+* ``ar_default`` (batch 1; ``--no-ar`` leaves it out): the AR baseline (ANPD drafting, the
+  figure of the README) under the new default's dtype and threads: PaDeLLM against AR there.
+
+Per arm and batch size: micro-F1, ms per text (mean, p50, p90), texts per second, forwards; where
+the time goes: the strategy's phases (prefix+count, mention, repair; AR: answer) and, across
+them, the decoder stack's forwards, the output layer, and the rest (Python, tokenizer, framework
+outside the model); the achieved GFLOP/s of the matrix products (two per weight per fed token in
+the decoder stack, two per output row computed per position) against the machine's measured peak
+(a 2048 x 2048 ``torch.matmul`` in float32 and in bfloat16, at each arm's threads). With
+``--cold`` (default on) it also times commands from a cold process: ``padellm-ner --help``,
+``padellm-ner ingest --help`` and ``padellm-ner extract`` of one sentence.
+
+The JSON holds ``speedup_batch16`` (texts/s of the default over the baseline at batch 16),
+``speedup_batch1`` (the baseline's latency over the default's at batch 1), ``f1_baseline`` and
+``f1_default`` (the batch-16 runs over every text), ``padellm_vs_ar_batch1``, the rows, the phase
+table and the peaks; the PNG is drawn beside it.
+
+Usage: python benchmarks/cpu_inference.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
+       [--batch-sizes 1,16] [--threads N] [--no-ar] [--no-cold]
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.reporting import benchmark_parser, print_table, save_figure, write_json  # noqa: E402
+from corpora import read_corpus  # noqa: E402
+from general_decoding import row_vocabulary  # noqa: E402
+from ner_service.engine import NEREngine  # noqa: E402
+from ner_service.engine.cpu import available_cpus, cpu_has_bfloat16, inference_dtype, inference_threads  # noqa: E402
+from training.evaluate import span_f1  # noqa: E402
+
+PHASES = ("prefix+count", "mention", "repair", "answer", "other")
+PARTS = ("decoder stack", "output layer", "outside the model")
+COLD_TEXT = "EU rejects German call to boycott British lamb ."
+
+
+@dataclass
+class Arm:
+    """One way to run the engine, and what it measured."""
+
+    name: str
+    engine: NEREngine
+    threads: int
+    strategy: str = "padellm"
+    decoder: str | None = None
+    seconds: list[float] = field(default_factory=list)  # per call
+    texts: int = 0
+    forwards: int = 0
+    phase_ms: dict[str, float] = field(default_factory=dict)
+    part_s: dict[str, float] = field(default_factory=dict)
+    flops: float = 0.0
+    spans: list[list[tuple[int, int, str]]] = field(default_factory=list)
+
+
+class Meter:
+    """Times and counts the matrix products of a model: its decoder stack's forwards (tokens fed)
+    and its output layer, the whole one (a hook on it) or restricted rows (``RowVocabulary.logprobs``)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        stack, head = model.get_decoder(), model.get_output_embeddings()
+        embedding = model.get_input_embeddings()
+        self.stack_params = sum(p.numel() for p in stack.parameters()) - sum(p.numel() for p in embedding.parameters())
+        self.hidden = head.weight.shape[1]
+        self.stack_s = self.head_s = 0.0
+        self.stack_flops = self.head_flops = 0.0
+        self._stack_began = self._head_began = 0.0
+        stack.register_forward_pre_hook(self._stack_before, with_kwargs=True)
+        stack.register_forward_hook(self._stack_after)
+        head.register_forward_pre_hook(self._head_before)
+        head.register_forward_hook(self._head_after)
+
+    def _stack_before(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids")
+        self.stack_flops += 2.0 * self.stack_params * (ids.numel() if ids is not None else 0)
+        self._stack_began = time.perf_counter()
+
+    def _stack_after(self, module: torch.nn.Module, args: tuple, output: object) -> None:
+        self.stack_s += time.perf_counter() - self._stack_began
+
+    def _head_before(self, module: torch.nn.Module, args: tuple) -> None:
+        self._head_began = time.perf_counter()
+
+    def _head_after(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        self.head_s += time.perf_counter() - self._head_began
+        self.head_flops += 2.0 * self.hidden * output.numel()
+
+    def restricted(self, seconds: float, positions: int, rows: int) -> None:
+        self.head_s += seconds
+        self.head_flops += 2.0 * self.hidden * positions * rows
+
+    def reset(self) -> None:
+        self.stack_s = self.head_s = self.stack_flops = self.head_flops = 0.0
+
+
+@contextmanager
+def metered_restriction(meters: dict[int, Meter]):
+    """Route :meth:`RowVocabulary.logprobs` through the meter of the head it multiplies by."""
+    original = row_vocabulary.RowVocabulary.logprobs
+
+    def timed(self, hidden, head, softcap=None):
+        began = time.perf_counter()
+        out = original(self, hidden, head, softcap)
+        meter = meters.get(id(head))
+        if meter is not None:
+            meter.restricted(time.perf_counter() - began, hidden.shape[0] * hidden.shape[1], len(self.ids))
+        return out
+
+    row_vocabulary.RowVocabulary.logprobs = timed
+    try:
+        yield
+    finally:
+        row_vocabulary.RowVocabulary.logprobs = original
+
+
+def matmul_peak(dtype: torch.dtype, threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of a ``size`` x ``size`` matrix product in ``dtype`` at ``threads`` threads (the best of ``repeats``)."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    torch.matmul(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - began)
+    return 2.0 * size ** 3 / best / 1e9
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_batch(arm: Arm, meter: Meter, batch: list[str], timed: bool = True) -> None:
+    torch.set_num_threads(arm.threads)
+    meter.reset()
+    began = time.perf_counter()
+    results = arm.engine.extract(batch, strategy=arm.strategy, decoder=arm.decoder)
+    seconds = time.perf_counter() - began
+    if not timed:
+        return
+    stats = results[0].stats
+    arm.seconds.append(seconds)
+    arm.texts += len(batch)
+    arm.forwards += stats.forward_passes
+    arm.spans += [[(e.start, e.end, e.label) for e in r.entities] for r in results]
+    phases = dict(stats.phase_ms)
+    phases["other"] = stats.latency_ms - sum(phases.values())
+    for phase, ms in phases.items():
+        arm.phase_ms[phase] = arm.phase_ms.get(phase, 0.0) + ms
+    parts = {"decoder stack": meter.stack_s, "output layer": meter.head_s,
+             "outside the model": max(seconds - meter.stack_s - meter.head_s, 0.0)}
+    for part, value in parts.items():
+        arm.part_s[part] = arm.part_s.get(part, 0.0) + value
+    arm.flops += meter.stack_flops + meter.head_flops
+
+
+def measure(arms: list[Arm], meters: dict[str, Meter], texts: list[str], batch_size: int) -> None:
+    """Every arm over ``texts`` in batches of ``batch_size``, interleaved batch by batch (the
+    order alternating), after an untimed warm-up batch each."""
+    for arm in arms:
+        run_batch(arm, meters[arm.name], texts[:batch_size], timed=False)
+    for number, start in enumerate(tqdm(range(0, len(texts), batch_size), desc=f"batch {batch_size}", unit="batch")):
+        batch = texts[start:start + batch_size]
+        for arm in (arms if number % 2 == 0 else arms[::-1]):
+            run_batch(arm, meters[arm.name], batch)
+
+
+def row_of(arm: Arm, gold: list[list[tuple[int, int, str]]], batch_size: int, peaks: dict[str, float], dtype: str) -> dict:
+    total = sum(arm.seconds)
+    per_text = [1000 * s / batch_size for s in arm.seconds] if batch_size > 1 else [1000 * s for s in arm.seconds]
+    gflops = arm.flops / total / 1e9
+    peak = peaks[f"{dtype}_threads{arm.threads}"]
+    return {
+        "batch": batch_size, "arm": arm.name, "dtype": dtype, "threads": arm.threads, "strategy": arm.strategy,
+        "f1": span_f1(gold[: len(arm.spans)], arm.spans)["micro_f1"],
+        "ms_per_text": 1000 * total / arm.texts, "p50_ms": percentile(per_text, 0.5), "p90_ms": percentile(per_text, 0.9),
+        "texts_per_s": arm.texts / total, "forwards_per_text": arm.forwards / arm.texts,
+        "gflop_per_text": arm.flops / arm.texts / 1e9, "gflops": gflops, "peak_gflops": peak, "peak_share": gflops / peak,
+        "phase_ms_per_text": {phase: ms / arm.texts for phase, ms in arm.phase_ms.items()},
+        "part_ms_per_text": {part: 1000 * s / arm.texts for part, s in arm.part_s.items()},
+        "output_layer_share": arm.part_s.get("output layer", 0.0) / total,
+    }
+
+
+def cold_timings(model: str) -> dict[str, float]:
+    """Seconds of commands in fresh processes, as a user starts them (the shell's ``padellm-ner``)."""
+    command = str(Path(sys.executable).with_name("padellm-ner"))
+    runs = {"help": [command, "--help"], "ingest_help": [command, "ingest", "--help"],
+            "extract_one_sentence": [command, "extract", "--model", model, COLD_TEXT]}
+    found = {}
+    for name, args in runs.items():
+        began = time.perf_counter()
+        done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600)
+        found[name] = time.perf_counter() - began if done.returncode == 0 else float("nan")
+    return found
+
+
+def plot(path: Path, rows: list[dict], title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(14, 4))
+    labels = [f"b{r['batch']} {r['arm']}" for r in rows]
+    colours = ["#4c72b0" if r["arm"] == "baseline" else "#dd8452" if r["arm"] == "default" else "#55a868" for r in rows]
+    for axis, key, name in ((axes[0], "ms_per_text", "ms per text"), (axes[1], "texts_per_s", "texts per second")):
+        bars = axis.bar(labels, [r[key] for r in rows], color=colours)
+        axis.bar_label(bars, fmt="%.1f", fontsize=8)
+        axis.set_title(name, fontsize=10)
+        axis.tick_params(axis="x", labelrotation=25, labelsize=8)
+    bottom = [0.0] * len(rows)
+    for part in PARTS:
+        values = [r["part_ms_per_text"].get(part, 0.0) for r in rows]
+        axes[2].bar(labels, values, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    axes[2].set_title("where a text's time goes (ms)", fontsize=10)
+    axes[2].tick_params(axis="x", labelrotation=25, labelsize=8)
+    axes[2].legend(fontsize=8)
+    figure.suptitle(title, fontsize=11)
+    return save_figure(figure, path)
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__, "cpu_inference", limit=96)
+    parser.add_argument("--batch-sizes", default="1,16", help="comma-separated (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="the default arm's threads (default: NER_THREADS, else the CPU quota: engine/cpu.py)")
+    parser.add_argument("--no-ar", dest="ar", action="store_false", help="leave out the AR arm at batch 1")
+    parser.add_argument("--no-cold", dest="cold", action="store_false", help="leave out the cold-process timings")
+    args = parser.parse_args()
+
+    examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
+    texts = [e.text for e in examples]
+    gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
+    torch_default_threads = torch.get_num_threads()
+    threads = args.threads or inference_threads()
+    dtype = inference_dtype("auto")
+    baseline = NEREngine.load(args.model, dtype=torch.float32, restricted_output=False)
+    default = NEREngine.load(args.model, dtype=dtype, restricted_output=True)
+    meters = {"baseline": Meter(baseline.ner_model.model), "default": Meter(default.ner_model.model)}
+    meters["ar_default"] = meters["default"]
+    peaks = {f"{name}_threads{n}": matmul_peak(getattr(torch, name), n)
+             for name in {"float32", dtype} for n in {torch_default_threads, threads}}
+    rows, spans = [], {}
+    load_start = os.getloadavg()
+    with metered_restriction({id(e.ner_model.model.get_output_embeddings()): meters[name]
+                              for name, e in (("baseline", baseline), ("default", default))}):
+        for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
+            for engine in (baseline, default):
+                engine.max_batch_texts = batch_size
+            arms = [Arm("baseline", baseline, torch_default_threads), Arm("default", default, threads)]
+            if args.ar and batch_size == 1:
+                arms.append(Arm("ar_default", default, threads, strategy="ar", decoder="anpd"))
+            measure(arms, meters, texts, batch_size)
+            rows += [row_of(arm, gold, batch_size, peaks, "float32" if arm.name == "baseline" else dtype) for arm in arms]
+            spans.update({(batch_size, arm.name): arm.spans for arm in arms})
+            rows[-len(arms)]["identical_texts"] = rows[-len(arms) + 1]["identical_texts"] = sum(
+                a == b for a, b in zip(spans[batch_size, "baseline"], spans[batch_size, "default"]))
+    cold = cold_timings(args.model) if args.cold else {}
+
+    def find(batch: int, arm: str) -> dict | None:
+        return next((r for r in rows if r["batch"] == batch and r["arm"] == arm), None)
+
+    summary: dict[str, float | None] = {"speedup_batch16": None, "speedup_batch1": None, "padellm_vs_ar_batch1": None}
+    if find(16, "default"):
+        summary["speedup_batch16"] = find(16, "default")["texts_per_s"] / find(16, "baseline")["texts_per_s"]
+    if find(1, "default"):
+        summary["speedup_batch1"] = find(1, "baseline")["ms_per_text"] / find(1, "default")["ms_per_text"]
+    if find(1, "ar_default"):
+        summary["padellm_vs_ar_batch1"] = find(1, "ar_default")["ms_per_text"] / find(1, "default")["ms_per_text"]
+    largest = max(r["batch"] for r in rows)
+    f1_baseline, f1_default = find(largest, "baseline")["f1"], find(largest, "default")["f1"]
+    machine = {"cpu_count": os.cpu_count(), "available_cpus": available_cpus(), "cpu_bfloat16": cpu_has_bfloat16(),
+               "torch_default_threads": torch_default_threads, "loadavg_start": load_start, "loadavg_end": os.getloadavg()}
+    where = (f"{args.model}, {len(texts)} dev sentences, {machine['cpu_count']} CPUs "
+             f"({'with' if machine['cpu_bfloat16'] else 'without'} bfloat16 instructions), default {dtype}, {threads} threads")
+    print(f"\n{where}")
+    print_table(rows, ["batch", "arm", "dtype", "threads", "f1", "ms_per_text", "p50_ms", "p90_ms", "texts_per_s",
+                       "forwards_per_text", "gflop_per_text", "gflops", "peak_gflops", "output_layer_share", "identical_texts"])
+    phase_rows = [{"batch": r["batch"], "arm": r["arm"], **{p: r["phase_ms_per_text"].get(p, 0.0) for p in PHASES},
+                   **{p: r["part_ms_per_text"].get(p, 0.0) for p in PARTS}} for r in rows]
+    print("\nms per text by phase and by part")
+    print_table(phase_rows, ["batch", "arm", *PHASES, *PARTS])
+    print("\n" + ", ".join(f"{k} {v:.2f}" for k, v in summary.items() if v is not None) + f"; F1 {f1_baseline:.2f} -> {f1_default:.2f}"
+          f" (batch {largest}; {find(largest, 'default')['identical_texts']} of {len(texts)} texts with the same entities)")
+    if cold:
+        print("cold process: " + ", ".join(f"{k} {v:.2f} s" for k, v in cold.items()))
+    path = write_json(args.json, {"benchmark": "cpu_inference", "model": args.model, "n_sentences": len(texts), "default_dtype": dtype,
+                                  "default_threads": threads, **summary, "f1_baseline": f1_baseline, "f1_default": f1_default,
+                                  "identical_texts": find(largest, "default")["identical_texts"],
+                                  "matmul_peak_gflops": peaks, "cold_s": cold, "machine": machine, "results": rows,
+                                  "phases": phase_rows})
+    png = plot(path.with_suffix(".png"), rows, f"today's CPU path against the new default: {where}")
+    print(f"wrote {path} and {png}")
+
+
+if __name__ == "__main__":
+    main()
