@@ -90,6 +90,7 @@ class Job(Base):
     model_version: Mapped[str] = mapped_column(String(128))
     strategy: Mapped[str] = mapped_column(String(16), default=DEFAULT_STRATEGY)
     labels: Mapped[list | None] = mapped_column(JSON)  # as the request named them (None: each model's own); see results_version
+    decoder: Mapped[str | None] = mapped_column(String(16))  # as the request named it (None: the default); see results_version
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

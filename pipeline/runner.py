@@ -27,11 +27,11 @@ def run_job(sessions: sessionmaker[Session], pool: EnginePool, job_id: int, chun
 
 
 def run_pending(sessions: sessionmaker[Session], pool: EnginePool, chunk_size: int, limit: int | None = None,
-                reprocess: bool = False, strategy: str = DEFAULT_STRATEGY, labels: list | None = None,
+                reprocess: bool = False, strategy: str = DEFAULT_STRATEGY, labels: list | None = None, decoder: str | None = None,
                 on_start: Callable[[int], None] | None = None,
                 on_chunk: Callable[[processing.ChunkOutcome], None] | None = None) -> dict | None:
-    """Create a job over the pending documents (at most ``limit``) with ``strategy`` and
-    ``labels`` (None: each model's) and run it here; ``None`` when there is nothing to do.
+    """Create a job over the pending documents (at most ``limit``) with ``strategy``, ``decoder``
+    (None: the default) and ``labels`` (None: each model's) and run it here; ``None`` when there is nothing to do.
     ``on_start`` gets the number of documents."""
     if chunk_size < 1:  # refused before a job exists: none is left 'running' with nothing to run it
         raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
@@ -39,7 +39,8 @@ def run_pending(sessions: sessionmaker[Session], pool: EnginePool, chunk_size: i
         ids = crud.documents_to_run(session, lambda language: routing.version_for(pool, language), reprocess=reprocess, limit=limit)
         if not ids:
             return None
-        job_id = crud.create_job(session, ids, routing.versions_for(pool, crud.languages_of(session, ids)), strategy, labels=labels).id
+        job_id = crud.create_job(session, ids, routing.versions_for(pool, crud.languages_of(session, ids)), strategy, labels=labels,
+                                 decoder=decoder).id
         crud.mark_dispatched(session, job_id)  # this process runs it: beat's sweep must not enqueue it
     if on_start:
         on_start(len(ids))

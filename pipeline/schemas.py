@@ -62,6 +62,7 @@ class JobRequest(BaseModel):
     document_ids: list[UUID] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST,
                                             description="ids of documents stored before (the `document_ids` of an earlier job)")
     strategy: Name | None = Field(default=None, description="how the model is asked: padellm (default), ar or fast_dllm")
+    decoder: Name | None = Field(default=None, description="how the answers' tokens are produced, as in POST /v1/entities (default copy)")
     labels: list[LabelName | LabelIn] | None = Field(
         default=None, min_length=1, max_length=MAX_OPEN_LABELS,
         description="the labels to find, as in POST /v1/entities (default: each model's); an open-label model takes any names")
@@ -70,7 +71,7 @@ class JobRequest(BaseModel):
     @classmethod
     def _no_renamed_fields(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            refuse_renamed(data, {"decoder": "strategy"}, " in a job")
+            refuse_renamed(data, where=" in a job")  # the option names of POST /v1/entities: `backend` is now `decoder`
         return data
 
     @field_validator("document_ids")
@@ -107,6 +108,7 @@ class JobAccepted(BaseModel):
     total: int
     model_version: str
     strategy: str
+    decoder: str | None = None
     labels: list[str | dict[str, str | None]] | None = None
     status_url: str
 
@@ -124,6 +126,7 @@ class JobOut(BaseModel):
     progress: float
     model_version: str
     strategy: str
+    decoder: str | None = None
     labels: list[str | dict[str, str | None]] | None = None
     created_at: datetime | None
     started_at: datetime | None

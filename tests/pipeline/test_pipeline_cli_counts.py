@@ -32,3 +32,16 @@ def test_counts_in_range_run_the_job(migrated: str, tmp_path, capsys) -> None:
     with session_factory(migrated)() as session:
         (job,) = session.scalars(select(Job))
         assert (job.status, job.total, job.processed) == ("completed", 2, 2)
+
+
+def test_jobs_run_takes_the_decoder_and_stores_results_under_it(migrated: str, tmp_path) -> None:
+    from pipeline.models import DocumentResult
+
+    (tmp_path / "docs.txt").write_text("Angela Merkel visited Paris .\n")
+    assert main(["ingest", str(tmp_path / "docs.txt")]) == 0
+    assert main(["jobs", "run", "--strategy", "ar", "--decoder", "greedy"]) == 0
+    with session_factory(migrated)() as session:
+        (job,) = session.scalars(select(Job))
+        assert (job.status, job.strategy, job.decoder) == ("completed", "ar", "greedy")
+        versions = set(session.scalars(select(DocumentResult.model_version)))
+    assert versions and all(v.endswith("+ar+greedy") for v in versions), versions

@@ -39,7 +39,7 @@ def test_alembic_command_line_reads_database_url(sqlite_url: str) -> None:
         done = subprocess.run([sys.executable, "-m", "alembic", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         if args == ["current"]:
-            assert "0005 (head)" in done.stdout
+            assert "0006 (head)" in done.stdout
 
 
 def test_the_strategy_rename_keeps_every_jobs_strategy(database_url: str) -> None:

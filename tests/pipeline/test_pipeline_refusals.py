@@ -82,3 +82,16 @@ def test_a_document_listed_twice_in_a_job_is_refused(server: Served, http: httpx
     once = http.post("/v1/jobs", json={"document_ids": [document]})
     assert once.status_code == 202 and once.json()["total"] == 1 and once.json()["document_ids"] == [document], once.text
     assert uuid.UUID(once.json()["job_id"])
+
+
+def test_a_job_takes_the_decoder_as_post_v1_entities_does(server: Served, http: httpx.Client) -> None:
+    submitted = http.post("/v1/jobs", json={"documents": [{"text": TEXT}], "strategy": "ar", "decoder": "greedy"})
+    assert submitted.status_code == 202 and submitted.json()["decoder"] == "greedy", submitted.text
+    job = http.get(f"/v1/jobs/{submitted.json()['job_id']}")
+    assert job.status_code == 200 and (job.json()["strategy"], job.json()["decoder"]) == ("ar", "greedy"), job.text
+    for body, says in (({"decoder": "beam"}, "unknown decoder 'beam'"), ({"decoder": "padellm"}, "'padellm' is a strategy"),
+                       ({"backend": "greedy"}, "`backend` in a job is now `decoder`")):
+        jobs = server.count(Job)
+        refused = http.post("/v1/jobs", json={"documents": [{"text": TEXT}], **body})
+        assert refused.status_code == 422 and says in refused.text, refused.text
+        assert server.count(Job) == jobs
