@@ -106,6 +106,22 @@ def test_threshold_drops_the_entities_scored_below_it(tiny_engine: NEREngine) ->
     assert kept == [score for score in all_scores if score >= cut] and 0 < len(kept) < len(all_scores)
 
 
+def test_a_diffusion_pipe_round_trips_without_a_decoder(tmp_path: Path) -> None:
+    """fast_dllm runs no decoder: the pipe's options hold none, so that what it writes it reads back
+    (a decoder named with fast_dllm is refused)."""
+    if not (Path(__file__).resolve().parent.parent / "ner_service/shipped_models/en-conll03-diffusion/ner_model.json").is_file():
+        pytest.skip("the shipped en-conll03-diffusion model is not in this checkout")
+    nlp = spacy.blank("en")
+    nlp.add_pipe(FACTORY, config={"model": "en-conll03-diffusion"})  # its default strategy: fast_dllm; nothing is loaded yet
+    component = nlp.get_pipe(FACTORY)
+    assert (component.options.strategy, component.options.decoder) == ("fast_dllm", None)
+    nlp.to_disk(tmp_path / "pipeline")
+    restored = spacy.load(tmp_path / "pipeline").get_pipe(FACTORY)
+    assert (restored.options.strategy, restored.options.decoder) == ("fast_dllm", None)
+    with pytest.raises(ValueError, match="takes no decoder"):
+        spacy.blank("en").add_pipe(FACTORY, config={"model": "en-conll03-diffusion", "strategy": "fast_dllm", "decoder": "greedy"})
+
+
 def test_to_disk_from_disk_round_trip(tmp_path: Path) -> None:
     options = TINY | {"labels": ["LOC", "MISC"], "strategy": "ar", "decoder": "greedy", "batch_size": 3, "threshold": 0.0}
     nlp = spacy.blank("en")

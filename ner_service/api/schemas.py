@@ -129,7 +129,8 @@ class EntitiesResponse(BaseModel):
     model: str
     labels: list[str]
     strategy: str
-    decoder: str = Field(description="the decoder asked for (or the default); `decoders_used` says which ran")
+    decoder: str | None = Field(description="the decoder asked for (or the default; none for `fast_dllm`, which runs none); "
+                                            "`decoders_used` says which ran")
     decoders_used: list[str] = Field(description="the token decoders that ran, over every result: the one asked for, greedy for a "
                                                  "constrained re-ask of a decoder that shares the cache, copy for answers restricted to "
                                                  "the text's spans; none for `fast_dllm`")

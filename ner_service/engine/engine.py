@@ -21,6 +21,7 @@ from general_decoding import Decoder, get_decoder
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window, windows_of
 from ner_service.engine.count_bias import CountBias, CountBiasSetting
+from ner_service.engine.defaults import DEFAULT_DECODER
 from ner_service.engine.cpu import torch_dtype
 from ner_service.engine.document_consistency import consistent_entities
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
@@ -133,10 +134,10 @@ class NEREngine:
         given, are configured instances used instead of the options' names."""
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, not a string")
-        if options.labels is None or options.strategy is None or options.decoder is None:
+        if options.labels is None or options.strategy is None:
             raise ValueError(f"{options} are not validated: ExtractOptions.validated sets every field")
         asking = strategy or self.strategy(options.strategy)
-        generator = decoder or get_decoder(options.decoder)
+        generator = decoder or get_decoder(options.decoder or DEFAULT_DECODER)  # None: a strategy that runs no decoder
         labels = list(options.labels)
         results: list[Extraction] = []
         for start in range(0, len(texts), self.max_batch_texts):

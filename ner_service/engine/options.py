@@ -42,7 +42,8 @@ class UnknownDecoderOptionError(InvalidOptionsError, UnknownDecoderError):
 @dataclass(frozen=True)
 class ExtractOptions:
     """One extraction request's options (hashable: requests with equal options batch together).
-    As a caller fills them, None means the default; once :meth:`validated`, every field is set."""
+    As a caller fills them, None means the default; once :meth:`validated`, every field is set
+    (the decoder is None for a strategy that runs none: ``fast_dllm``)."""
 
     model: str
     #: As a caller fills them: names, ``{"name", "description"}`` mappings or :class:`LabelSpec`
@@ -102,11 +103,14 @@ def default_strategy(config: NERModelConfig) -> str:
     return DEFAULT_STRATEGY if DEFAULT_STRATEGY in supported or not supported else supported[0]
 
 
-def _decoder(name: str | None, strategy: str, config: NERModelConfig, model: str) -> str:
-    """The decoder ``name`` (None: the default) checked against the model and the strategy: a
-    strategy that produces its tokens without one refuses a decoder named, rather than ignore it."""
+def _decoder(name: str | None, strategy: str, config: NERModelConfig, model: str) -> str | None:
+    """The decoder ``name`` (None: the default) checked against the model and the strategy; None
+    for a strategy that produces its tokens without one, which refuses a decoder named rather
+    than ignore it."""
     ignored_by = strategy_class(strategy).decoder_ignored
-    if name is not None and ignored_by:
+    if ignored_by:
+        if name is None:
+            return None
         takers = [s for s in supported_strategies(config) if not strategy_class(s).decoder_ignored]
         raise InvalidOptionsError(f"strategy {strategy!r} takes no decoder ({ignored_by}): leave `decoder` out"
                                   + (f", or ask with a strategy that takes one: {', '.join(takers)}" if takers else

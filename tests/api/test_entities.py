@@ -167,7 +167,7 @@ def test_the_diffusion_model_answers_fast_dllm_and_an_ar_model_names_it(make_cli
     response = client.post("/v1/entities", json={"text": text, "model": "en-conll03-diffusion", "strategy": "fast_dllm"})
     assert response.status_code == 200, response.text
     body = response.json()
-    assert (body["model"], body["strategy"]) == ("en-conll03-diffusion", "fast_dllm")
+    assert (body["model"], body["strategy"], body["decoder"], body["decoders_used"]) == ("en-conll03-diffusion", "fast_dllm", None, [])
     entities = body["results"][0]["entities"]
     assert ("Paris", "LOC") in {(e["text"], e["label"]) for e in entities}
     assert all(text[e["start"]:e["end"]] == e["text"] for e in entities)
