@@ -72,8 +72,9 @@ class PlaceholderLoRALinear(torch.nn.Module):
     def __init__(self, base: torch.nn.Module, down: torch.Tensor, up: torch.Tensor, columns: PlaceholderColumns) -> None:
         super().__init__()
         self.base = base
-        self.register_buffer("down", down.detach().t().contiguous(), persistent=False)  # [in, r]
-        self.register_buffer("up", up.detach().t().contiguous(), persistent=False)  # [r, out], scaled
+        dtype = base.weight.dtype  # peft keeps adapters in float32 under a bfloat16 base: products in the base's dtype
+        self.register_buffer("down", down.detach().t().contiguous().to(dtype), persistent=False)  # [in, r]
+        self.register_buffer("up", up.detach().t().contiguous().to(dtype), persistent=False)  # [r, out], scaled
         self.columns = columns
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

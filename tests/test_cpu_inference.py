@@ -264,3 +264,17 @@ def test_the_line_break_tokens_are_those_of_decoding_every_token(base: str) -> N
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_folder(base))
     every = {index for index, text in enumerate(tokenizer.batch_decode([[index] for index in range(len(tokenizer))])) if "\n" in text}
     assert line_break_tokens(tokenizer) == every and len(every) > 10
+
+
+def test_the_lexical_unit_model_decodes_in_bfloat16_as_greedy_does() -> None:
+    """Its placeholder adapter (kept in float32 by peft) multiplies in the base's dtype: ``dtype auto``
+    is bfloat16 on this project's CPUs, and the LUD model must run there too."""
+    if not (REPO / "ner_service" / "shipped_models" / "en-conll03-lud" / "ner_model.json").is_file():
+        pytest.skip("the shipped en-conll03-lud model is not in this checkout")
+    engine = NEREngine.load("en-conll03-lud", dtype="bfloat16")
+    assert engine.ner_model.model.dtype == torch.bfloat16
+    for strategy in ("ar", "padellm"):
+        lud = [r.entities for r in engine.extract(TEXTS, strategy=strategy, decoder="lud")]
+        greedy = [r.entities for r in engine.extract(TEXTS, strategy=strategy, decoder="greedy")]
+        assert [[(e.start, e.end, e.label) for e in x] for x in lud] == [[(e.start, e.end, e.label) for e in x] for x in greedy]
+        assert sum(map(len, lud)) >= 3
