@@ -82,11 +82,11 @@ class ModelAnswerTokens:
 
 
 def model_answer_tokens(ner_model: NERModel) -> ModelAnswerTokens:
-    """The :class:`ModelAnswerTokens` of ``ner_model``, kept on its tokenizer (one per model)."""
-    found = getattr(ner_model.tokenizer, "_padellm_answer_tokens", None)
-    if found is None or found.ner_model.tokenizer is not ner_model.tokenizer:
-        found = ModelAnswerTokens(ner_model)
-        ner_model.tokenizer._padellm_answer_tokens = found
+    """The :class:`ModelAnswerTokens` of ``ner_model``, kept on it (built once per loaded model;
+    not on its tokenizer, which the pool deep-copies for every adapter on a shared base)."""
+    found = ner_model.__dict__.get("_answer_tokens")
+    if found is None or found.ner_model is not ner_model:
+        found = ner_model.__dict__["_answer_tokens"] = ModelAnswerTokens(ner_model)
     return found
 
 
