@@ -320,11 +320,16 @@ class MicroBatcher:
             self.admission.rate.observe(sum(queued.piece.units for queued in batch), self._last_run_s,
                                         fresh=any(queued.request.calibration for queued in batch))
             self._metrics.observe_batch(len(texts), results)
+            complete: dict[int, _Request] = {}
             for queued, result in zip(batch, results):
-                request = queued.request
-                request.answers[queued.index] = result
-                if len(request.answers) == len(request.pieces) and not request.future.done():
-                    request.future.set_result(request.answer(self._text_entities))
+                queued.request.answers[queued.index] = result
+                if len(queued.request.answers) == len(queued.request.pieces):
+                    complete[id(queued.request)] = queued.request
+            for request in complete.values():
+                # put together in the engine thread: it asks the model's engine, which is never loaded on the event loop
+                answer = await self.in_engine_thread(request.answer, self._text_entities)
+                if not request.future.done():
+                    request.future.set_result(answer)
         except Exception as error:  # delivered to the waiting requests, which map it to a response
             for queued in batch:
                 if not queued.request.future.done():
