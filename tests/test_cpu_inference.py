@@ -278,3 +278,29 @@ def test_the_lexical_unit_model_decodes_in_bfloat16_as_greedy_does() -> None:
         greedy = [r.entities for r in engine.extract(TEXTS, strategy=strategy, decoder="greedy")]
         assert [[(e.start, e.end, e.label) for e in x] for x in lud] == [[(e.start, e.end, e.label) for e in x] for x in greedy]
         assert sum(map(len, lud)) >= 3
+
+
+def test_a_tokenizer_is_read_back_from_the_cache_until_its_files_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from ner_service.engine.model_loading import cached_tokenizer
+    from ner_service.engine.ner_model import resolve_ner_model
+
+    monkeypatch.setenv("PADELLM_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    shutil.copytree(resolve_ner_model("tiny-conll03"), folder)
+    built = cached_tokenizer(folder, AutoTokenizer.from_pretrained)
+    assert len(list((tmp_path / "cache" / "tokenizers").glob("*.pickle"))) == 1
+
+    def never(_: Path):
+        raise AssertionError("built again, not read from the cache")
+
+    again = cached_tokenizer(folder, never)
+    assert again is not built and again(TEXTS[0]).input_ids == built(TEXTS[0]).input_ids and again.get_vocab() == built.get_vocab()
+    config = folder / "tokenizer_config.json"
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
+    calls: list[Path] = []
+    cached_tokenizer(folder, lambda f: calls.append(f) or AutoTokenizer.from_pretrained(f))
+    assert calls == [folder]

@@ -121,6 +121,42 @@ def converted_gguf(gguf_path: Path) -> Path:
     return target
 
 
+#: The files a tokenizer is read from (a change to any of them is a new tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt",
+                   "added_tokens.json", "chat_template.jinja")
+
+
+def cached_tokenizer(folder: Path, load):
+    """``load(folder)``, kept in the cache as a pickle so that a cold start reads it back instead of
+    building it again (Gemma 3's 262,144-token tokenizer took seconds, about half of it building);
+    the key holds the folder, its tokenizer files' sizes and times, and the library versions. Any
+    failure to read or write the copy falls back to ``load``."""
+    import pickle
+
+    import tokenizers
+    import transformers
+
+    stats = [f"{name}:{(folder / name).stat().st_size}:{(folder / name).stat().st_mtime_ns}" for name in TOKENIZER_FILES
+             if (folder / name).is_file()]
+    key = hashlib.sha256("|".join([str(folder.resolve()), transformers.__version__, tokenizers.__version__, *stats]).encode()).hexdigest()[:24]
+    path = cache_root() / "tokenizers" / f"{key}.pickle"
+    try:
+        with path.open("rb") as stored:
+            return pickle.load(stored)
+    except Exception:  # noqa: BLE001 - missing, or written by another version: build it
+        pass
+    tokenizer = load(folder)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".partial-{os.getpid()}-{path.name}")
+        with staging.open("wb") as out:
+            pickle.dump(tokenizer, out, protocol=pickle.HIGHEST_PROTOCOL)
+        staging.rename(path)
+    except Exception:  # noqa: BLE001 - a read-only cache: the next start builds it again
+        log.debug("tokenizer of %s not cached", folder, exc_info=True)
+    return tokenizer
+
+
 def load_causal_lm(
     spec: str | Path, dtype: torch.dtype | None = None, device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -132,7 +168,7 @@ def load_causal_lm(
     from general_decoding.skinny_linear import use_skinny_linear
 
     folder = resolve_model_folder(spec)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = cached_tokenizer(folder, AutoTokenizer.from_pretrained)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).to(device).eval()
     use_skinny_linear(model)
     return model, tokenizer
