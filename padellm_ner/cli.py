@@ -200,13 +200,17 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from ner_service.engine.model_loading import WHEEL_BASES, resolve_model_folder
+    from ner_service.engine.model_loading import WHEEL_BASES, cached_tokenizer, resolve_model_folder
 
     unknown = [alias for alias in args.bases if alias not in WHEEL_BASES]
     if unknown:  # before converting any: a typo costs no minute of work
         raise ValueError(f"unknown base {unknown[0]!r}; bases: {', '.join(WHEEL_BASES)}")
     for alias in args.bases or WHEEL_BASES:
-        print(f"{alias}: {resolve_model_folder(alias)}")
+        folder = resolve_model_folder(alias)
+        from transformers import AutoTokenizer
+
+        cached_tokenizer(folder, AutoTokenizer.from_pretrained)  # the first extract reads it back instead of building it
+        print(f"{alias}: {folder}")
     return 0
 
 
