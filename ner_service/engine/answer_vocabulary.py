@@ -49,11 +49,11 @@ class ModelAnswerTokens:
 
     @cached_property
     def digits(self) -> frozenset[int]:
-        """Every token that writes digits only (``"7"``, and ``"19"`` in a tokenizer that has it)."""
-        vocabulary = self.ner_model.tokenizer.get_vocab()
-        found = {index for token, index in vocabulary.items() if token.isascii() and token.isdigit()}
-        found |= {index for index in (self.ner_model.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)) if index is not None}
-        return frozenset(found - {self.ner_model.tokenizer.unk_token_id})
+        """Every token that writes a number below 1,000 (``"7"``, and ``"19"`` in a tokenizer that
+        has it): looked up, not scanned for (reading a 262,144-token vocabulary costs a cold start)."""
+        tokenizer = self.ner_model.tokenizer
+        found = {tokenizer.convert_tokens_to_ids(written) for n in range(1000) for written in {str(n), f"{n:02d}", f"{n:03d}"}}
+        return frozenset(found - {None, tokenizer.unk_token_id})
 
     @cached_property
     def count_ids(self) -> torch.Tensor:
