@@ -101,8 +101,10 @@ BAD_REQUESTS = [
     pytest.param({"json": {"text": "a", "decoder": "lud"}}, 422, "not fine-tuned for lexical units", id="lud on a model without"),
     pytest.param({"json": {"text": "a", "decoder": "speculative"}}, 422, "needs a loaded draft model", id="speculative by name"),
     pytest.param({"json": {"text": "a", "strategy": "fast_dllm"}}, 422, "supports the strategies padellm, ar", id="fast_dllm on an AR model"),
-    pytest.param({"json": {"text": "a", "labels": ["x" * 65]}}, 422, "at most 64 characters", id="label too long"),
-    pytest.param({"json": {"text": "a", "labels": ["PER"] * 65}}, 422, "at most 64 items", id="too many labels"),
+    pytest.param({"json": {"text": "a", "labels": ["x" * 101]}}, 422, "at most 100 characters", id="label too long"),
+    pytest.param({"json": {"text": "a", "labels": ["PER"] * 51}}, 422, "at most 50 items", id="too many labels"),
+    pytest.param({"json": {"text": "a", "labels": [{"name": "PER", "description": "a person"}]}}, 422, "descriptions are for open-label models",
+                 id="a description for a model of its own labels"),
     pytest.param({"json": {"text": "a", "model": "../etc"}}, 422, "unknown model '../etc'", id="unknown model"),
     pytest.param({"json": {"text": "a", "language": "fr"}}, 422, "no model for language 'fr'", id="unknown language"),
     pytest.param({"json": {"text": "a", "colour": "red"}}, 422, "Extra inputs", id="unknown field"),
@@ -114,7 +116,7 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize(("request_kwargs", "status", "message"), BAD_REQUESTS)
 def test_bad_input_gets_a_clear_4xx(make_client, request_kwargs: dict, status: int, message: str) -> None:
-    client = make_client(ready=False, ner_max_text_chars=100, ner_max_texts=4)
+    client = make_client(ready=False, ner_max_text_chars=100, ner_max_entities_text_chars=100, ner_max_texts=4)
     headers = {"Content-Type": "application/json"} | request_kwargs.pop("headers", {})
     response = client.post("/v1/entities", headers=headers, **request_kwargs)
     assert response.status_code == status, response.text
