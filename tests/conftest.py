@@ -52,13 +52,6 @@ def en_engine():
 
 
 @pytest.fixture(scope="session")
-def smollm2_en_engine():
-    """The English model on SmolLM2-135M (``en-conll03`` until 2026-11-30): the tests of behaviours
-    seen on its answers (a name it labels two ways in a document, a neighbour it answers twice)."""
-    return _shipped_engine("en-conll03-smollm2")
-
-
-@pytest.fixture(scope="session")
 def diffusion_en_engine():
     return _shipped_engine("en-conll03-diffusion")
 

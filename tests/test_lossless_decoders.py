@@ -135,8 +135,8 @@ def test_behind_a_cached_prefix_equals_greedy(tiny_engine, name: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LOSSLESS)
-def test_shipped_model_decoders_equal_greedy(smollm2_en_engine, name: str) -> None:
-    model, tokenizer = smollm2_en_engine.ner_model.model, smollm2_en_engine.ner_model.tokenizer
+def test_shipped_model_decoders_equal_greedy(en_engine, name: str) -> None:
+    model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
     stop = StopCriteria(48, frozenset({tokenizer.eos_token_id}))
     for row in _queries(tokenizer)[:8]:
         expected = _run(get_decoder("greedy"), model, [row], stop, 0)
@@ -145,8 +145,8 @@ def test_shipped_model_decoders_equal_greedy(smollm2_en_engine, name: str) -> No
 
 
 @pytest.mark.slow
-def test_copy_drafting_accepts_several_tokens_per_forward_on_copied_mentions(smollm2_en_engine) -> None:
-    model, tokenizer = smollm2_en_engine.ner_model.model, smollm2_en_engine.ner_model.tokenizer
+def test_copy_drafting_accepts_several_tokens_per_forward_on_copied_mentions(en_engine) -> None:
+    model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
     stop = StopCriteria(40, frozenset({tokenizer.eos_token_id}))
     forwards = {"greedy": 0, "copy": 0}
     for row in _queries(tokenizer)[:8]:
@@ -173,19 +173,19 @@ def test_speculative_without_a_draft_model_is_a_clear_error() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["jacobi", "gs_jacobi", "anpd", "lookahead", "copy"])
-def test_engine_backends_give_the_greedy_entities(smollm2_en_engine, name: str) -> None:
+def test_engine_backends_give_the_greedy_entities(en_engine, name: str) -> None:
     texts = TEXTS[:5]
     for strategy in ("padellm", "ar"):
-        expected = [r.entities for r in smollm2_en_engine.extract(texts, strategy=strategy)]
-        got = [r.entities for r in smollm2_en_engine.extract(texts, strategy=strategy, decoder=name)]
+        expected = [r.entities for r in en_engine.extract(texts, strategy=strategy)]
+        got = [r.entities for r in en_engine.extract(texts, strategy=strategy, decoder=name)]
         assert [[(e.start, e.end, e.label) for e in g] for g in got] == [[(e.start, e.end, e.label) for e in x] for x in expected]
 
 
 @pytest.mark.slow
-def test_copy_drafting_finishes_a_copied_mention_in_its_first_forward(smollm2_en_engine) -> None:
+def test_copy_drafting_finishes_a_copied_mention_in_its_first_forward(en_engine) -> None:
     """Drafting starts with the first forward: a mention's first token fed with what follows it
     in the text verifies the rest of the mention and its end token at once."""
-    model, tokenizer = smollm2_en_engine.ner_model.model, smollm2_en_engine.ner_model.tokenizer
+    model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
     stop = StopCriteria(24, frozenset({tokenizer.eos_token_id}))
     prompt = tokenizer(prompts.prefix("Angela Merkel arrived on Monday .")).input_ids
     prompt += tokenizer(prompts.mention_query("PER", 1, 1), add_special_tokens=False).input_ids

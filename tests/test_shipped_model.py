@@ -52,17 +52,16 @@ def test_label_subset_only_returns_those_labels(en_engine: NEREngine) -> None:
     assert result.entities and {e.label for e in result.entities} == {"MISC"}
 
 
-def test_speculated_counts_and_mention_drafts_give_the_same_entities_in_fewer_forwards(smollm2_en_engine: NEREngine, data_dir) -> None:
+def test_speculated_counts_and_mention_drafts_give_the_same_entities_in_fewer_forwards(en_engine: NEREngine, data_dir) -> None:
     """Speculation is lossless: the mention queries of a count of 1 fed with the count queries,
     and each known mention token followed by the text it is copied from, give the entities (and
-    scores) of plain greedy PaDeLLM, one text at a time, in fewer forwards (on the SmolLM2 model:
-    the mechanism is the engine's, and its forwards are the cheaper)."""
+    scores) of plain greedy PaDeLLM, one text at a time, in fewer forwards."""
     from corpora import read_corpus
 
     texts = [e.text for e in read_corpus(data_dir / "conll2003" / "dev.txt") if e.text.strip()][:12]
     whole = 160  # each sentence one window, so that the forwards counted are one text's
-    plain = NEREngine(smollm2_en_engine.ner_model, max_window_tokens=whole, speculated_counts=())
-    speculating = NEREngine(smollm2_en_engine.ner_model, max_window_tokens=whole, speculated_counts=(1,))
+    plain = NEREngine(en_engine.ner_model, max_window_tokens=whole, speculated_counts=())
+    speculating = NEREngine(en_engine.ner_model, max_window_tokens=whole, speculated_counts=(1,))
     forwards = {"plain": 0, "speculating": 0}
     for text in texts:
         (reference,) = plain.extract([text], decoder="greedy")
