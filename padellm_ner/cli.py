@@ -75,7 +75,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", default=None, help=f"how the model is asked (default {DEFAULT_STRATEGY}): {', '.join(available_strategies())}")
     parser.add_argument("--decoder", default=None, help=f"how the answers' tokens are produced (default {DEFAULT_DECODER}): "
                                                         f"{', '.join(available_decoders())}")
-    parser.add_argument("--labels", default=None, help="comma-separated subset of the model's labels")
+    parser.add_argument("--labels", default=None,
+                        help="comma-separated subset of the model's labels; an open-label model takes any names, also as a JSON list "
+                             'of names and {"name": ..., "description": ...} objects (default: the model\'s labels)')
     parser.add_argument("--device", default="cpu")
     _add_cpu_options(parser)
     parser.add_argument("--whole-output-layer", action="store_true",
@@ -102,8 +104,19 @@ def _add_cpu_options(parser: argparse.ArgumentParser) -> None:
                         help="torch threads (default: NER_THREADS, else the CPUs this process may use: its affinity and cgroup quota)")
 
 
-def _labels(args: argparse.Namespace) -> list[str] | None:
-    return [label.strip() for label in args.labels.split(",") if label.strip()] if args.labels else None
+def _labels(args: argparse.Namespace) -> list[object] | None:
+    """``--labels``: comma-separated names, or a JSON list of names and ``{"name", "description"}`` objects."""
+    if not args.labels:
+        return None
+    if args.labels.lstrip().startswith("["):
+        try:
+            entries = json.loads(args.labels)
+        except json.JSONDecodeError as error:
+            raise SystemExit(f"error: --labels is not a valid JSON list: {error.msg}") from None
+        if not isinstance(entries, list):
+            raise SystemExit("error: --labels as JSON must be a list")
+        return entries
+    return [label.strip() for label in args.labels.split(",") if label.strip()]
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
@@ -135,13 +148,42 @@ def cmd_extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def _asked_as(args: argparse.Namespace, examples: list) -> list:
+    """An open-label model is asked the file's own labels (all of them unless ``--labels`` names
+    some), each under the name ``--ask-as`` gives it (``PER=person``): the examples come back with
+    their spans under the names asked, and ``args.labels`` names them."""
+    from corpora import Example, Span, labels_of
+    from ner_service.engine import NERModelConfig
+    from ner_service.engine.ner_model import resolve_ner_model
+
+    if not NERModelConfig.read(resolve_ner_model(args.model)).open_labels:
+        if args.ask_as:
+            raise SystemExit(f"error: --ask-as is for open-label models; {args.model} answers its own labels only")
+        return examples
+    renamed: dict[str, str] = {}
+    for pair in (args.ask_as or "").split(","):
+        if pair.strip():
+            label, equals, name = pair.partition("=")
+            if not equals or not label.strip() or not name.strip():
+                raise SystemExit(f"error: --ask-as takes LABEL=name pairs, got {pair.strip()!r}")
+            renamed[label.strip()] = name.strip()
+    scored = [str(label) for label in _labels(args) or labels_of(examples)]
+    args.labels = ",".join(renamed.get(label, label) for label in scored)
+    return [Example(e.text, [Span(s.start, s.end, renamed.get(s.label, s.label)) for s in e.spans if s.label in scored]) for e in examples]
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from corpora import read_conll_documents, read_corpus
+    from corpora.dev_halves import dev_halves
     from training.evaluate import evaluate_engine
 
-    options = _options(args)
     separator = {"newline": "\n", "space": " "}.get(args.documents)
-    examples = (read_conll_documents(args.path, separator) if separator else read_corpus(args.path))[: args.limit]
+    if args.half and separator:
+        raise SystemExit("error: --half reads sentences; it cannot be combined with --documents")
+    examples = (read_conll_documents(args.path, separator) if separator else
+                dev_halves(args.path).half(args.half) if args.half else read_corpus(args.path))[: args.limit]
+    examples = _asked_as(args, examples)
+    options = _options(args)
     engine = _engine(args)
     report = evaluate_engine(engine, examples, strategy=options.strategy, decoder=options.decoder, batch_size=args.batch_size, labels=options.labels)
     report["model"] = engine.name
@@ -167,15 +209,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_calibrate_counts(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from corpora import read_corpus
     from ner_service.engine import NEREngine
     from ner_service.engine.cpu import configure_threads
     from ner_service.engine.ner_model import resolve_ner_model
-    from training.count_calibration import calibrate
+    from training.count_calibration import calibrate_on_halves
 
     configure_threads(args.threads)
     engine = NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args))
-    calibration = calibrate(engine, read_corpus(args.path)[: args.limit], args.batch_size)
+    calibration = calibrate_on_halves(engine, args.path, args.batch_size, args.limit)  # chosen on one half, reported on the other
     setting = calibration.setting()
     print(calibration.table())
     print(f"count_bias: {json.dumps(setting)}")
@@ -231,6 +272,12 @@ def _evaluate_options(evaluate: argparse.ArgumentParser) -> None:
     evaluate.add_argument("--documents", choices=["newline", "space"], default=None,
                           help="send each -DOCSTART- document of a column file as one text, its sentences joined by a "
                                "newline or a space (users send paragraphs, not sentences); --limit counts documents")
+    evaluate.add_argument("--half", choices=["choose", "report"], default=None,
+                          help="score one fixed half of a dev file: choose (where settings are chosen) or report (where "
+                               "they are only reported; corpora/dev_halves.py)")
+    evaluate.add_argument("--ask-as", default=None, metavar="LABEL=name,...",
+                          help="an open-label model: ask the file's label LABEL under this name (default: the file's own "
+                               "label names, all of them unless --labels names some)")
     evaluate.add_argument("--errors", action="store_true",
                           help="then run again, putting each missed and false entity down to its cause: the label's count, "
                                "a boundary, another label, or the mention its query named (the padellm strategy)")

@@ -55,7 +55,8 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
     settings = get_settings()
     sessions = _sessions()
     pool = configured_pool()
-    pool.options(strategy=args.strategy, decoder=args.decoder)  # options the model cannot run fail here, before any job is created
+    labels = [label.strip() for label in args.labels.split(",") if label.strip()] if args.labels else None
+    pool.options(labels=labels, strategy=args.strategy, decoder=args.decoder)  # options the model cannot run fail here, before any job is created
     pool.engine(pool.default)  # ... and so does a model that cannot load
     bar: tqdm | None = None
 
@@ -68,7 +69,7 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
         bar.update(outcome.processed + outcome.failed)
 
     status = run_pending(sessions, pool, args.chunk_size or settings.pipeline_chunk_size, limit=args.limit,
-                         reprocess=settings.reprocess_on_model_change, strategy=args.strategy, decoder=args.decoder,
+                         reprocess=settings.reprocess_on_model_change, strategy=args.strategy, decoder=args.decoder, labels=labels,
                          on_start=on_start, on_chunk=on_chunk)
     if bar is not None:
         bar.close()
@@ -146,6 +147,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--chunk-size", type=positive_int, default=None, help="documents per engine call (default: PIPELINE_CHUNK_SIZE)")
     run.add_argument("--strategy", default=DEFAULT_STRATEGY, help="how the model is asked: padellm (the default), ar or fast_dllm")
     run.add_argument("--decoder", default=None, help="how the answers' tokens are produced (default: copy), as in extract and the API")
+    run.add_argument("--labels", default=None, help="comma-separated labels to find (default: the model's); an open-label model takes any names")
     run.set_defaults(func=cmd_jobs_run)
     status = actions.add_parser("status", help="one job's status (JSON), or the latest jobs")
     status.add_argument("job_id", nargs="?", help="a job's id (as the API and the list show it) or row number")

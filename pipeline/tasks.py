@@ -82,11 +82,11 @@ def process_chunk(self, job_id: int, document_ids: list[int]) -> dict[str, int]:
     return {"processed": outcome.processed, "failed": outcome.failed}
 
 
-def start_job(document_ids: list[int], strategy: str = DEFAULT_STRATEGY) -> int:
-    """Create a job over ``document_ids`` for the configured model and enqueue it."""
+def start_job(document_ids: list[int], strategy: str = DEFAULT_STRATEGY, labels: list | None = None) -> int:
+    """Create a job over ``document_ids`` for the configured model (``labels``: None, its own) and enqueue it."""
     with session_factory().begin() as session:
         versions = routing.versions_for(get_pool(), crud.languages_of(session, document_ids))
-        job_id = crud.create_job(session, document_ids, versions, strategy).id
+        job_id = crud.create_job(session, document_ids, versions, strategy, labels=labels).id
     enqueue_job(job_id)
     return job_id
 

@@ -83,7 +83,7 @@ class NEREngine:
     def name(self) -> str:
         return self.ner_model.config.name
 
-    def options(self, labels: Sequence[str] | None = None, strategy: str | None = None, decoder: str | None = None) -> ExtractOptions:
+    def options(self, labels: Sequence[object] | None = None, strategy: str | None = None, decoder: str | None = None) -> ExtractOptions:
         """Options for this engine's model, validated (:meth:`ExtractOptions.validated`; None: the default)."""
         return ExtractOptions(self.name, tuple(labels) if labels is not None else None, strategy, decoder).validated(self.ner_model.config)
 
@@ -138,23 +138,26 @@ class NEREngine:
             raise ValueError(f"{options} are not validated: ExtractOptions.validated sets every field")
         asking = strategy or self.strategy(options.strategy)
         generator = decoder or get_decoder(options.decoder or DEFAULT_DECODER)  # None: a strategy that runs no decoder
-        labels = list(options.labels)
+        # an open model is asked each label as its query writes it (with its description), answered under its name
+        specs = options.label_specs()
+        asked = {(s.prompt if self.ner_model.config.open_labels else s.name): s.name for s in specs}
         results: list[Extraction] = []
         for start in range(0, len(texts), self.max_batch_texts):
-            results.extend(self._extract_batch(list(texts[start:start + self.max_batch_texts]), labels, asking, generator))
+            results.extend(self._extract_batch(list(texts[start:start + self.max_batch_texts]), asked, asking, generator))
         return results
 
-    def _extract_batch(self, texts: list[str], labels: list[str], strategy: Strategy, decoder: Decoder) -> list[Extraction]:
+    def _extract_batch(self, texts: list[str], asked: dict[str, str], strategy: Strategy, decoder: Decoder) -> list[Extraction]:
+        """``asked`` maps each label as the strategy asks it to the name it comes back under."""
         began = time.perf_counter()
         stats = ExtractionStats(batch_texts=len(texts))
         windows = self.windows(texts)
-        mentions = strategy.mentions(windows, labels, decoder, stats) if windows else []
+        mentions = strategy.mentions(windows, list(asked), decoder, stats) if windows else []
         per_text: list[list[Entity]] = [[] for _ in texts]
         for window, found in zip(windows, mentions):
             entities, missing = align_mentions(window.text, found)
             stats.unmatched_mentions += missing
             per_text[window.text_index].extend(
-                Entity(e.start + window.offset, e.end + window.offset, e.text, e.label, e.score) for e in entities
+                Entity(e.start + window.offset, e.end + window.offset, e.text, asked.get(e.label, e.label), e.score) for e in entities
             )
         stats.latency_ms = (time.perf_counter() - began) * 1000
         return [Extraction(text, self.text_entities(text, found), stats) for text, found in zip(texts, per_text)]
