@@ -10,7 +10,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from ner_service.api.schemas import ACCEPTABLE, EntityOut, LabelIn, LabelName, Name, Str, string_problem
+from ner_service.api.schemas import ACCEPTABLE, EntityOut, LabelIn, LabelName, Name, Str, label_entries, string_problem
 from ner_service.engine.labels import MAX_OPEN_LABELS
 from ner_service.engine.option_errors import refuse_renamed
 from ner_service.settings import get_settings
@@ -90,8 +90,7 @@ class JobRequest(BaseModel):
         return self
 
     def label_entries(self) -> list[str | dict[str, str | None]] | None:
-        """The labels as the engine's options take them (names, or name and description)."""
-        return None if self.labels is None else [label if isinstance(label, str) else label.model_dump() for label in self.labels]
+        return label_entries(self.labels)
 
     def fingerprint(self) -> str:
         """SHA-256 of the request as parsed (canonical JSON): tells a retry from another request

@@ -51,6 +51,11 @@ class LabelIn(BaseModel):
     description: Annotated[str, StringConstraints(min_length=1, max_length=MAX_DESCRIPTION_CHARS), ACCEPTABLE] | None = None
 
 
+def label_entries(labels: list[str | LabelIn] | None) -> list[str | dict[str, str | None]] | None:
+    """A request's labels as the engine's options take them (names, or name and description)."""
+    return None if labels is None else [label if isinstance(label, str) else label.model_dump() for label in labels]
+
+
 class EntitiesRequest(BaseModel):
     """Texts to analyse: exactly one of ``text`` and ``texts``."""
 
@@ -88,8 +93,7 @@ class EntitiesRequest(BaseModel):
         return [self.text] if self.text is not None else list(self.texts or [])
 
     def label_entries(self) -> list[str | dict[str, str | None]] | None:
-        """The labels as the engine's options take them (names, or name and description)."""
-        return None if self.labels is None else [label if isinstance(label, str) else label.model_dump() for label in self.labels]
+        return label_entries(self.labels)
 
 
 class EntityOut(BaseModel):
