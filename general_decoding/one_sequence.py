@@ -22,32 +22,36 @@ from transformers import Cache, DynamicCache, PreTrainedModel
 
 from general_decoding.base import DecodeInputs, Decoder, Generation
 from general_decoding.registry import register_decoder
+from general_decoding.row_vocabulary import RowVocabulary, output_softcap
 from general_decoding.tree_attention import ancestor_mask, build_trie, join_tries
 
 
 class _SharedSequence:
     """The one sequence: its cache and, per branch, which cached columns it may attend to."""
 
-    def __init__(self, model: PreTrainedModel, cache: Cache, visible: torch.Tensor) -> None:
+    def __init__(self, model: PreTrainedModel, cache: Cache, visible: torch.Tensor, vocabulary: RowVocabulary | None) -> None:
         self.model = model
         self.cache = cache
         self.visible = visible  # [branches, cached columns] bool
+        self.vocabulary = vocabulary  # the tokens each branch may take (None: the whole output layer)
         self.dtype = next(model.parameters()).dtype
 
     def feed(self, ids: torch.Tensor, positions: torch.Tensor, sees_cached: torch.Tensor, sees_new: torch.Tensor,
-             branch_sees_new: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+             branch_sees_new: torch.Tensor, keep: torch.Tensor, branches: list[int]) -> torch.Tensor:
         """Append tokens ``ids``: token i attends the cached columns ``sees_cached[i]`` and the
         new tokens ``sees_new[i]``; afterwards branch b sees the new tokens ``branch_sees_new[b]``.
-        Returns the logits at new columns ``keep``."""
+        Returns the float32 next-token log-probabilities at new columns ``keep``, the next
+        tokens of ``branches`` (one each, over its own vocabulary's tokens when there is one)."""
         allowed = torch.cat([sees_cached, sees_new], dim=1)
         bias = torch.zeros(1, 1, *allowed.shape, dtype=self.dtype, device=ids.device)
         bias.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
-        logits = self.model(
-            input_ids=ids[None], attention_mask=bias, position_ids=positions[None], cache=self.cache,
-            use_cache=True, logits_to_keep=keep,
-        ).logits[0]
+        forward = dict(input_ids=ids[None], attention_mask=bias, position_ids=positions[None], cache=self.cache, use_cache=True)
         self.visible = torch.cat([self.visible, branch_sees_new], dim=1)
-        return logits
+        if self.vocabulary is None:
+            return torch.log_softmax(self.model(**forward, logits_to_keep=keep).logits[0].float(), dim=-1)
+        hidden = self.model.get_decoder()(**forward).last_hidden_state[0, keep]
+        rows = self.vocabulary.rows(branches)
+        return rows.logprobs(hidden[:, None], self.model.get_output_embeddings(), output_softcap(self.model))[:, 0]
 
 
 @register_decoder("one_sequence")
@@ -55,6 +59,7 @@ class OneSequenceDecoder(Decoder):
     """Greedy decoding of every row as a branch of one sequence over a shared KV cache."""
 
     shares_cache = True
+    supports_vocabulary = True
 
     def _generate(self, model: PreTrainedModel, inputs: DecodeInputs) -> Generation:
         input_ids, attention_mask, stop = inputs.input_ids, inputs.attention_mask, inputs.stop
@@ -69,7 +74,7 @@ class OneSequenceDecoder(Decoder):
         lengths = query.sum(1)
         if bool((lengths == 0).any()):
             raise ValueError("every row needs at least one unpadded input token")
-        sequence = _SharedSequence(model, cache, visible)
+        sequence = _SharedSequence(model, cache, visible, inputs.vocabulary)
         # first forward: every branch's input tokens, branches that see the same cached columns
         # merged into a trie (a beginning they share is fed once)
         groups: dict[tuple[bool, ...], list[int]] = {}
@@ -87,7 +92,8 @@ class OneSequenceDecoder(Decoder):
         starts = visible.sum(1)
         positions = starts[first_row] + ancestors.sum(1) - 1
         ends_t = torch.tensor(ends, device=device)
-        logits = sequence.feed(torch.tensor(node_ids, device=device), positions, visible[first_row], ancestors, ancestors[ends_t], ends_t)
+        step_lp = sequence.feed(torch.tensor(node_ids, device=device), positions, visible[first_row], ancestors, ancestors[ends_t], ends_t,
+                                list(range(rows)))
         next_position = positions[ends_t] + 1
 
         tokens: list[list[int]] = [[] for _ in range(rows)]
@@ -97,7 +103,6 @@ class OneSequenceDecoder(Decoder):
         live = list(range(rows))
         forwards, accepted = 1, []
         while True:
-            step_lp = torch.log_softmax(logits.float(), dim=-1)
             best = step_lp.argmax(-1).tolist()
             still = []
             for index, row in enumerate(live):
@@ -118,8 +123,8 @@ class OneSequenceDecoder(Decoder):
             ids = torch.tensor([tokens[row][-1] for row in live], device=device)
             alone = torch.eye(len(live), dtype=torch.bool, device=device)  # one new token per branch
             branch_sees_new = torch.arange(rows, device=device)[:, None] == owners[None, :]
-            logits = sequence.feed(ids, next_position[owners], sequence.visible[owners], alone, branch_sees_new,
-                                   torch.arange(len(live), device=device))
+            step_lp = sequence.feed(ids, next_position[owners], sequence.visible[owners], alone, branch_sees_new,
+                                    torch.arange(len(live), device=device), live)
             next_position[owners] += 1
             forwards += 1
         return Generation(tokens, logprobs, scores, stopped, forwards, accepted)

@@ -9,6 +9,7 @@ from transformers import DynamicCache
 
 from general_decoding import StopCriteria, get_decoder
 from general_decoding.kv_cache import cache_bytes
+from general_decoding.row_vocabulary import RowVocabulary
 from general_decoding.tree_attention import build_trie
 from ner_service.engine import prompts
 
@@ -70,6 +71,25 @@ def test_rows_without_a_cache_are_packed_branches_equal_to_greedy(tiny_engine) -
     got = get_decoder("one_sequence").generate(model, ids, stop, attention_mask=mask)
     assert got.tokens == expected.tokens
     assert got.forward_passes == expected.forward_passes
+
+
+def test_branches_over_their_own_tokens_equal_greedy_over_the_same_vocabulary(tiny_engine) -> None:
+    """With a row vocabulary each branch's scores are normalised over its own tokens, as greedy's
+    are: the same tokens and scores, not the whole output layer's."""
+    model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
+    eos = tokenizer.eos_token_id
+    stop = StopCriteria(12, frozenset({eos}))
+    rows = [tokenizer(prompts.prefix(t) + prompts.ar_query()).input_ids for t in TEXTS]
+    allowed = [sorted(set(row) | {eos}) for row in rows]  # each row may copy its own text only
+    ids, mask = _left_pad(rows)
+    vocabulary = RowVocabulary(allowed, model.get_output_embeddings().weight.shape[0])
+    expected = get_decoder("greedy").generate(model, ids, stop, attention_mask=mask, vocabulary=vocabulary)
+    got = get_decoder("one_sequence").generate(model, ids, stop, attention_mask=mask, vocabulary=vocabulary)
+    whole = get_decoder("one_sequence").generate(model, ids, stop, attention_mask=mask)
+    assert got.tokens == expected.tokens
+    assert all(set(tokens) <= set(own) for tokens, own in zip(got.tokens, allowed))
+    assert got.scores == pytest.approx(expected.scores, abs=1e-3)
+    assert got.scores != pytest.approx(whole.scores, abs=1e-3), "the restricted rows are normalised over fewer tokens"
 
 
 def test_a_cache_of_several_rows_is_refused(tiny_engine) -> None:

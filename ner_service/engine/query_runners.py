@@ -113,7 +113,8 @@ class SharedPrefixRunner:
             return GroupInputs(ids, torch.cat([shared, query_mask], dim=1), cache, [prefix.tokens[owners[r]] for r in rows])
 
         encoded = prefix.cache.get_seq_length()
-        merged = decode_groups(self.ner_model, decoder, groups, len(branches), stop, inputs, [prefix.cache], stats)
+        merged = decode_groups(self.ner_model, decoder, groups, len(branches), stop, inputs, [prefix.cache], stats,
+                              vocabulary=self._rows([(b.window_index, b.tokens) for b in branches]))
         release_after(prefix.cache, encoded)  # a shared row grew by these branches, which no later branch sees
         count_generation(stats, merged)
         return merged
