@@ -21,6 +21,7 @@ from ner_service.api.core.metrics import Metrics, MetricsMiddleware
 from ner_service.api.core.proxies import TrustedProxies
 from ner_service.api.core.security import ApiKeys, Guard, RateLimiter
 from ner_service.api.routes import entities, health, models, page
+from ner_service.api.routes.api_docs import mount_docs
 from ner_service.api.state import ApiState, AuthenticatedRoute
 from ner_service.engine import EnginePool, Entity, ExtractOptions, Extraction
 from ner_service.settings import Settings, get_settings
@@ -119,6 +120,8 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
         summary="Named-entity recognition by parallel decoding of LLMs (PaDeLLM-NER).",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # served offline by mount_docs
+        redoc_url=None,
     )
     app.state.api = state
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -129,6 +132,7 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
     app.add_middleware(RequestContextMiddleware)  # outermost: every log line and response has the request id, a 500 too
     for router in (entities.router, models.router, health.router, page.router):
         app.include_router(router)
+    mount_docs(app)
     for router in routers:
         unguarded = [route.path for route in router.routes if not isinstance(route, AuthenticatedRoute)]
         if unguarded:

@@ -148,3 +148,17 @@ def test_the_page_highlights_the_entities_after_emoji_flags_and_skin_tones(serve
     marks, shown = _rendered(browser)
     assert marks == found  # each highlight is its entity's text, after every emoji
     assert shown == EMOJI_TEXT  # and the text around them is whole
+
+
+def test_api_docs_render_offline_from_the_servers_own_assets(server: str, browser) -> None:
+    """Swagger UI draws the API's operations with every script and style from the server itself:
+    no CDN, so the page works on a machine without internet."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server + "/docs")
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path"))
+    assert "/v1/entities" in browser.find_element(By.TAG_NAME, "body").text
+    fetched = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert any("/docs-assets/" in url for url in fetched), fetched
+    assert all(url.startswith(server) for url in fetched), fetched
