@@ -62,12 +62,16 @@ class Predictions:
 
 
 def predict(engine: NEREngine, examples: Sequence[Example], options: ExtractOptions, batch_size: int = 1,
-            progress: bool = True) -> Predictions:
-    """Run the engine over ``examples`` in batches of ``batch_size`` texts."""
+            progress: bool = True, deadline: float | None = None) -> Predictions:
+    """Run the engine over ``examples`` in batches of ``batch_size`` texts; with ``deadline`` (a
+    ``time.perf_counter()`` time), no batch starts after it but the first: the predictions are
+    those of the first texts only (``len(entities)`` of them)."""
     out = Predictions()
     began = time.perf_counter()
     with tqdm(total=len(examples), desc=f"evaluate {options.strategy}/{options.decoder}", unit="text", disable=not progress) as bar:
         for start in range(0, len(examples), batch_size):
+            if start and deadline is not None and time.perf_counter() >= deadline:
+                break
             batch = examples[start:start + batch_size]
             results = engine.extract_with(options, [e.text for e in batch])
             out.entities.extend([(e.start, e.end, e.label) for e in r.entities] for r in results)
@@ -87,18 +91,21 @@ def evaluate_engine(
     batch_size: int = 1,
     labels: Sequence[str] | None = None,
     progress: bool = True,
+    deadline: float | None = None,
 ) -> dict[str, object]:
     """Run the engine over ``examples`` and score it; latency is per batch of ``batch_size`` texts.
-    ``labels``, ``strategy`` and ``decoder`` are validated by :meth:`NEREngine.options` (None: the default)."""
+    ``labels``, ``strategy`` and ``decoder`` are validated by :meth:`NEREngine.options` (None: the default);
+    ``deadline``: see :func:`predict` (``n_sentences`` says how many texts were scored)."""
     options = engine.options(labels, strategy, decoder)
     wanted = set(options.labels or ())
-    found = predict(engine, examples, options, batch_size, progress)
-    gold = [[_key(s) for s in e.spans if s.label in wanted] for e in examples]
+    found = predict(engine, examples, options, batch_size, progress, deadline)
+    scored = examples[: len(found.entities)]
+    gold = [[_key(s) for s in e.spans if s.label in wanted] for e in scored]
     scores = span_f1(gold, found.entities)
     ordered = sorted(found.latencies_ms) or [0.0]
     return {
         **scores,
-        "n_sentences": len(examples),
+        "n_sentences": len(scored),
         "strategy": options.strategy,
         "decoder": options.decoder,
         "batch_size": batch_size,
@@ -114,8 +121,9 @@ def evaluate_engine(
 
 
 def dev_scores(engine: NEREngine, dev: Sequence[Example], strategies: Iterable[str], batch_size: int = 16,
-               progress: bool = False) -> dict[str, dict[str, float]]:
-    """Micro-F1, precision, recall and the number of texts of each strategy on ``dev``: what a
-    training run records of the model it made."""
-    scores = {strategy: evaluate_engine(engine, dev, strategy=strategy, batch_size=batch_size, progress=progress) for strategy in strategies}
+               progress: bool = False, deadline: float | None = None) -> dict[str, dict[str, float]]:
+    """Micro-F1, precision, recall and the number of texts of each strategy on ``dev`` (those
+    scored by ``deadline``, see :func:`predict`): what a training run records of the model it made."""
+    scores = {strategy: evaluate_engine(engine, dev, strategy=strategy, batch_size=batch_size, progress=progress, deadline=deadline)
+              for strategy in strategies}
     return {strategy: {key: result[key] for key in ("micro_f1", "precision", "recall", "n_sentences")} for strategy, result in scores.items()}

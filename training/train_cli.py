@@ -135,8 +135,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     trainer.add_argument("--lora-alpha", type=int, default=32)
     trainer.add_argument("--lr", type=float, default=8e-4)
     trainer.add_argument("--epochs", type=float, default=1.0)
-    trainer.add_argument("--max-minutes", type=float, default=None, help="stop after this many minutes of training (the frozen pass included, dev scoring not); the "
-                              "learning rate's cosine then ends with them when they end before the epochs do")
+    trainer.add_argument("--max-minutes", type=float, default=None, help="the whole run's minutes, dev scoring and count calibration included: their time, "
+                              "measured on a few dev texts first, is kept from training, and a dev set too big for a quarter of the "
+                              "minutes is cut to what fits; the learning rate's cosine ends with the training minutes")
     trainer.add_argument("--batch-tokens", type=int, default=2048)
     trainer.add_argument("--eval-limit", type=int, default=200, help="dev texts scored after each epoch")
     trainer.add_argument("--eval-batch-size", type=int, default=16)

@@ -14,7 +14,7 @@ import math
 import random
 import re
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -26,6 +26,7 @@ from training.allocator import current_allocator
 from training.batching import length_batches
 from training.loop import LoopSettings, run_loop
 from training.loss import answer_loss, inner_model
+from training.run_budget import PROBE_TEXTS, DevPlan, plan_dev
 from training.precision import resolve_precision
 from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indices
 from ner_service.engine import NEREngine, NERModel, NERModelConfig, prompts
@@ -175,12 +176,13 @@ def decoding_choices(model: str, labels: list[str]) -> dict:
 
 
 def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig,
-                             dev: list[Example]) -> dict:
-    """Dev scores of the model as it is now (both strategies when both formats are trained)."""
+                             dev: list[Example], deadline: float | None = None) -> dict:
+    """Dev scores of the model as it is now (both strategies when both formats are trained), of
+    the dev texts scored by ``deadline``."""
     lm = inner_model(model)
     lm.eval()
     engine = NEREngine(NERModel(lm, tokenizer, ner_config, Path(config.output)))
-    scores = dev_scores(engine, dev, [s for s in ("padellm", "ar") if s in config.formats], config.eval_batch_size)
+    scores = dev_scores(engine, dev, [s for s in ("padellm", "ar") if s in config.formats], config.eval_batch_size, deadline=deadline)
     lm.train()
     return scores
 
@@ -188,7 +190,9 @@ def evaluate_during_training(model: torch.nn.Module, tokenizer: PreTrainedTokeni
 def train(config: TrainConfig) -> dict:
     """Train, evaluate and save the model to ``config.output``; return the final metrics. With
     ``config.resume``, a run stopped at any moment continues from its last checkpoint exactly as
-    if it had not stopped (same weights, optimizer, schedule, data order)."""
+    if it had not stopped (same weights, optimizer, schedule, data order). ``config.max_minutes``
+    bounds the whole run, dev scoring included (:mod:`training.run_budget`)."""
+    started = time.perf_counter()
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     output = Path(config.output)
@@ -232,24 +236,49 @@ def train(config: TrainConfig) -> dict:
         with precision.autocast(config.device):
             return answer_loss(model, [rows[i] for i in batch], pad, hidden, first_layer, vocabulary)
 
+    plan = budget_dev(model, tokenizer, config, ner_config, dev_examples, started) if config.max_minutes is not None and dev_examples else None
+    if plan is not None:
+        dev_examples = dev_examples[: plan.dev_texts]
+        # the loop counts the frozen pass, already done, among its minutes
+        settings = replace(settings, max_minutes=plan.training_minutes + setup_seconds / 60)
+
     def evaluate() -> dict:
-        return evaluate_during_training(model, tokenizer, config, ner_config, dev_examples)
+        return evaluate_during_training(model, tokenizer, config, ner_config, dev_examples, plan.deadline if plan else None)
 
     state = run_loop(model, lengths, batch_loss, settings, evaluate if dev_examples else None, setup_seconds)
-    calibration = calibrate_count_bias(model, tokenizer, config, ner_config) if config.calibrate_counts else None
+    calibration_limit = config.limit if plan is None else min(config.limit or plan.calibration_texts, plan.calibration_texts)
+    calibration = calibrate_count_bias(model, tokenizer, config, ner_config, calibration_limit) if config.calibrate_counts else None
     if vocabulary is not None:
         output.mkdir(parents=True, exist_ok=True)
         vocabulary.save(output)
     return save_model(model, tokenizer, config, ner_config, state, calibration)
 
 
-def calibrate_count_bias(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig) -> str:
-    """Choose each label's count bias on the whole dev file (a smoke run's ``limit`` cuts it too),
-    set it in ``ner_config`` and return the table of its F1 and counts' errors before and after."""
+def calibrate_count_bias(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig,
+                         limit: int | None = None) -> str:
+    """Choose each label's count bias on the dev file's first ``limit`` texts (None: all of it; a
+    smoke run's ``limit`` or the run's budget cuts it), set it in ``ner_config`` and return the
+    table of its F1 and counts' errors before and after."""
     lm = inner_model(model)
     lm.eval()
     engine = NEREngine(NERModel(lm, tokenizer, ner_config, Path(config.output)))
-    return calibrate_model(engine, ner_config, config.dev, config.eval_batch_size, config.limit)
+    return calibrate_model(engine, ner_config, config.dev, config.eval_batch_size, limit)
+
+
+def budget_dev(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig,
+               dev: list[Example], started: float) -> DevPlan:
+    """The plan of a run with ``config.max_minutes``: a text's seconds measured on the first dev
+    texts, then what dev scoring the minutes allow (:func:`training.run_budget.plan_dev`)."""
+    probe = dev[:PROBE_TEXTS]
+    began = time.perf_counter()
+    evaluate_during_training(model, tokenizer, config, ner_config, probe)
+    seconds_per_text = (time.perf_counter() - began) / len(probe)
+    calibration_texts = len(read_corpus(config.dev)[: config.limit]) if config.calibrate_counts and config.dev else 0
+    plan = plan_dev(config.max_minutes or 0.0, started, seconds_per_text, len(dev), max(1, math.ceil(config.epochs)), calibration_texts)
+    note = plan.note(len(dev), calibration_texts)
+    if note:
+        log.warning(note)
+    return plan
 
 
 def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig, state: dict,
