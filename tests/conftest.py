@@ -9,6 +9,10 @@ import pytest
 
 # Before any test module imports the settings or the Celery app (the API imports the pipeline
 # router, which builds the Celery app from REDIS_URL): the pipeline tests' Redis db and model.
+#: The tiny model the fast tests use: not shipped, chosen by name from tests/models (for the
+#: processes the tests start too).
+TINY_DIR = Path(__file__).resolve().parent / "models" / "tiny-conll03"
+os.environ["PADELLM_NER_MODEL_PATH"] = str(TINY_DIR.parent)
 os.environ["NER_MODEL"] = "tiny-conll03"
 os.environ["REDIS_URL"] = os.environ.get("PADELLM_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")  # another db for a second checkout
 os.environ["PIPELINE_CHUNK_SIZE"] = "4"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.conftest import TINY_DIR
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -61,13 +62,13 @@ def test_errors_are_one_clear_line_and_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2 and f"{broken}:2: expected 4 columns" in done.stderr
 
 
-def test_models_lists_the_shipped_models() -> None:
-    done = run("models")
-    assert done.returncode == 0 and "tiny-conll03" in done.stdout
+def test_models_lists_the_shipped_models_and_those_on_the_model_path() -> None:
+    done = run("models")  # the suite puts tests/models, the tiny model's folder, on PADELLM_NER_MODEL_PATH
+    assert done.returncode == 0 and "tiny-conll03" in done.stdout and "en-conll03 " in done.stdout
     assert "base=." not in done.stdout and "base=self-contained" in done.stdout  # the tiny model holds its own weights
 
 
-TINY_BASE = str(Path(__file__).resolve().parent.parent / "ner_service" / "shipped_models" / "tiny-conll03")
+TINY_BASE = str(TINY_DIR)
 
 
 def test_prepare_leaves_each_base_converted_in_the_cache() -> None:

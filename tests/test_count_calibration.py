@@ -16,7 +16,7 @@ import torch
 from corpora import read_corpus
 from ner_service.engine import NEREngine
 from ner_service.engine.count_bias import CountBias, InvalidCountBiasError
-from ner_service.engine.ner_model import SHIPPED_DIR
+from tests.conftest import TINY_DIR
 from training.count_calibration import ascend, calibrate, count_scores
 from training.evaluate import predict, span_f1
 from training.error_analysis import RecordingStrategy
@@ -105,7 +105,7 @@ def test_the_calibrated_f1_is_the_f1_the_engine_gives_with_the_chosen_biases(en_
 
 def test_calibrate_counts_writes_a_table_the_engine_then_uses(tmp_path: Path, data_dir: Path) -> None:
     model = tmp_path / "model"
-    shutil.copytree(SHIPPED_DIR / "tiny-conll03", model)
+    shutil.copytree(TINY_DIR, model)
     done = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "calibrate-counts", str(data_dir / "conll2003" / "dev.txt"),
                            "--model", str(model), "--limit", "32", "--write"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -24,8 +24,9 @@ from training.top_layers import FrozenHidden
 from training.precision import PRECISIONS, resolve_precision
 from training.trainer import TrainConfig, prepare_model
 from corpora import Example, Span
+from tests.conftest import TINY_DIR
 
-TINY = Path(__file__).resolve().parent.parent / "ner_service" / "shipped_models" / "tiny-conll03"
+TINY = TINY_DIR
 TINY_LAYERS = json.loads((TINY / "config.json").read_text())["num_hidden_layers"]
 NAMES = ["Peter", "Anna", "Maria", "Jon", "Li Wei", "Omar"]
 PLACES = ["Paris", "Berlin", "Lagos", "Lima", "Oslo"]

@@ -42,7 +42,7 @@ def test_unknown_strategy_backend_and_model(tiny_engine: NEREngine) -> None:
         tiny_engine.extract(["x"], decoder="nope")
     with pytest.raises(TypeError):
         tiny_engine.extract("a string, not a list")
-    with pytest.raises(ModelNotFoundError, match="shipped models: .*tiny-conll03"):
+    with pytest.raises(ModelNotFoundError, match="models: .*tiny-conll03"):
         NEREngine.load("no-such-model")
 
 

@@ -22,8 +22,9 @@ import torch
 
 from corpora import read_jsonl
 from tests.local_services import live_server
+from tests.conftest import TINY_DIR
 
-TINY_BASE = Path(__file__).resolve().parent.parent / "ner_service" / "shipped_models" / "tiny-conll03"
+TINY_BASE = TINY_DIR
 LABELS = ["DOSE", "DRUG"]
 DRUGS = ["aspirin", "ibuprofen", "metformin", "warfarin", "insulin", "morphine", "codeine", "heparin"]
 DOSES = ["40 mg", "200 mg", "5 ml", "10 units", "2 tablets", "500 mg", "1 g", "20 drops"]

@@ -1,13 +1,15 @@
 """An NER model: a causal LM (a base plus, usually, a LoRA adapter) and its ``ner_model.json``.
 
-Shipped models live in ``ner_service/shipped_models/<name>/`` and are chosen by name; any
-folder with an ``ner_model.json`` works too.
+Shipped models live in ``ner_service/shipped_models/<name>/`` and are chosen by name, as are
+the models in the folders of ``PADELLM_NER_MODEL_PATH`` (a list of folders like ``PATH``: one's
+own models, the test suite's tiny model); any folder with an ``ner_model.json`` works too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -83,9 +85,25 @@ class NERModelConfig:
         (folder / CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+#: Folders of further models chosen by name, separated as in ``PATH`` (after the shipped ones).
+MODEL_PATH_ENV = "PADELLM_NER_MODEL_PATH"
+
+
 def shipped_model_names() -> list[str]:
     """Names of the models shipped with the package."""
     return sorted(p.parent.name for p in SHIPPED_DIR.glob(f"*/{CONFIG_FILE}"))
+
+
+def model_path_folders() -> list[Path]:
+    """The folders of :data:`MODEL_PATH_ENV`, in order."""
+    return [Path(f).expanduser() for f in os.environ.get(MODEL_PATH_ENV, "").split(os.pathsep) if f.strip()]
+
+
+def named_model_names() -> list[str]:
+    """Names of every model chosen by name: the shipped ones, then those of :data:`MODEL_PATH_ENV`."""
+    shipped = shipped_model_names()
+    found = [p.parent.name for folder in model_path_folders() for p in sorted(folder.glob(f"*/{CONFIG_FILE}"))]
+    return shipped + [name for name in dict.fromkeys(found) if name not in shipped]
 
 
 def shipped_models_that(can: Callable[[NERModelConfig], bool]) -> list[str]:
@@ -120,12 +138,12 @@ def resolve_ner_model(name_or_path: str | Path) -> Path:
     path = Path(name_or_path).expanduser()
     if (path / CONFIG_FILE).is_file():
         return path
-    shipped = SHIPPED_DIR / str(name_or_path)
-    if (shipped / CONFIG_FILE).is_file():
-        return shipped
-    raise ModelNotFoundError(
-        f"unknown model {str(name_or_path)!r}: not a folder with {CONFIG_FILE}; shipped models: {', '.join(shipped_model_names())}"
-    )
+    name = str(name_or_path)
+    if "/" not in name and name not in (".", ".."):  # a name, not a path: never a way out of the folders
+        for folder in (SHIPPED_DIR, *model_path_folders()):
+            if (folder / name / CONFIG_FILE).is_file():
+                return folder / name
+    raise ModelNotFoundError(f"unknown model {name!r}: not a folder with {CONFIG_FILE}; models: {', '.join(named_model_names())}")
 
 
 @dataclass
