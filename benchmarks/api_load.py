@@ -5,8 +5,9 @@ Starts the real server (uvicorn on a loopback port) twice on the same model, onc
 ``NER_MICROBATCH=1``; each time, ``--clients`` closed-loop clients post one CoNLL-03 dev
 sentence per request to ``/v1/entities`` for ``--seconds``. Reported per mode: throughput
 (requests answered 200 within the window, per second, after ``--warmup`` seconds of the same
-load), p50/p99 latency of those answers, errors (any other answer or a failed connection within
-the window) and the mean engine batch size in the window, read from ``/metrics``.
+load), p50/p99 latency of those answers, requests refused with 429 or 503 and ``Retry-After``
+(admission's answer to more work than fits), errors (any other answer or a failed connection
+within the window) and the mean engine batch size in the window, read from ``/metrics``.
 
 Usage: python benchmarks/api_load.py [--seconds S] [--clients C] [--model NAME] [--json PATH]
 """
@@ -52,6 +53,7 @@ class Load:
     """What the clients saw: answers that arrived inside the measured window."""
 
     latencies_ms: list[float] = field(default_factory=list)
+    refused: int = 0  # 429 or 503 with Retry-After: the server shedding load, as it should
     errors: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -72,15 +74,18 @@ def drive(url: str, texts: list[str], clients: int, warmup: float, seconds: floa
             while time.perf_counter() < window_end:
                 began = time.perf_counter()
                 try:
-                    ok = http.post("/v1/entities", json={"text": texts[at % len(texts)], "model": model}).status_code == 200
+                    response = http.post("/v1/entities", json={"text": texts[at % len(texts)], "model": model})
+                    status = response.status_code if response.status_code == 200 or "Retry-After" in response.headers else -1
                 except httpx.HTTPError:
-                    ok = False
+                    status = -1
                 done = time.perf_counter()
                 at += clients
                 if window_start <= done <= window_end:
                     with load.lock:
-                        if ok:
+                        if status == 200:
                             load.latencies_ms.append((done - began) * 1000)
+                        elif status in (429, 503):
+                            load.refused += 1
                         else:
                             load.errors += 1
 
@@ -90,7 +95,7 @@ def drive(url: str, texts: list[str], clients: int, warmup: float, seconds: floa
     on_window_start()
     time.sleep(max(0.0, window_end - time.perf_counter()))
     with load.lock:
-        return Load(list(load.latencies_ms), load.errors)
+        return Load(list(load.latencies_ms), load.refused, load.errors)
 
 
 def main() -> None:
@@ -132,6 +137,7 @@ def main() -> None:
             "p50_ms": percentile(load.latencies_ms, 0.5),
             "p99_ms": percentile(load.latencies_ms, 0.99),
             "p99_over_p50": percentile(load.latencies_ms, 0.99) / percentile(load.latencies_ms, 0.5) if load.latencies_ms else float("nan"),
+            "refused": load.refused,
             "errors": load.errors,
             "answered": len(load.latencies_ms),
             "mean_batch_texts": batch,
@@ -140,7 +146,7 @@ def main() -> None:
     speedup = rows[1]["throughput_rps"] / rows[0]["throughput_rps"] if rows[0]["throughput_rps"] else float("nan")
     print(f"\n{args.model}, {args.clients} clients, {args.seconds:g} s per mode, {len(texts)} CoNLL-03 dev sentences, "
           f"{os.cpu_count()} CPUs; throughput with micro-batching {speedup:.2f}x")
-    print_table(rows, ["microbatch", "clients", "throughput_rps", "p50_ms", "p99_ms", "p99_over_p50", "errors", "answered", "mean_batch_texts"])
+    print_table(rows, ["microbatch", "clients", "throughput_rps", "p50_ms", "p99_ms", "p99_over_p50", "refused", "errors", "answered", "mean_batch_texts"])
     path = write_json(json_path, {"benchmark": "api_load", "model": args.model, "clients": args.clients, "seconds": args.seconds,
                                   "warmup": args.warmup, "torch_threads": args.torch_threads,
                                   "batch_wait_ms": args.batch_wait_ms, "batch_max_texts": args.batch_max_texts,

@@ -20,8 +20,13 @@ of ``padellm_greedy`` (or of ``ar_copy`` for AR). At batch 1 a stacked bar per v
 where a text's time goes: PaDeLLM's phases (prefix+count, mention, repair) and AR's prefill
 (its first forward) and decoding; ``other`` is windowing, alignment and conflicts.
 
+On an open model (any labels at call time), ``--label-counts 4,12,24`` asks each of those
+numbers of labels: the file's own labels by name (CoNLL-03's PER as "person", ...) and then
+types the file does not hold (:data:`FILLER_LABELS`), so that the cost of more labels shows;
+F1 is of the file's labels.
+
 Usage: python benchmarks/padellm_vs_ar.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
-       [--batch-sizes 1,16] [--device cpu|cuda] [--dtype float32|bfloat16]
+       [--batch-sizes 1,16] [--label-counts 4,12,24] [--device cpu|cuda] [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -41,8 +46,13 @@ from benchmarks.reporting import bar_plots, benchmark_parser, print_table, save_
 from ner_service.engine import NEREngine, Strategy  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
+from training.open_data import SUPERVISED_NAMES  # noqa: E402
 
 PHASES = ("prefill", "prefix+count", "mention", "repair", "answer", "other")
+#: Entity types asked of an open model besides the file's own, to reach ``--label-counts``.
+FILLER_LABELS = ("date", "money", "product", "event", "law", "language", "disease", "drug", "gene", "chemical", "species",
+                 "software", "vehicle", "weapon", "food", "sport", "quantity", "time", "award", "facility", "religion",
+                 "programming language", "protein", "medical procedure")
 
 
 @dataclass
@@ -102,23 +112,41 @@ def variants(engine: NEREngine, batch_size: int) -> dict[str, Variant]:
     return found
 
 
-def measure(engine: NEREngine, texts: list[str], batch_size: int, meter: ForwardMeter) -> dict[str, Variant]:
-    """Run every variant over ``texts`` in batches, interleaved batch by batch."""
+def asked_labels(file_labels: list[str], count: int) -> dict[str, str]:
+    """``count`` label names to ask an open model, each with the file label it stands for (a
+    filler type stands for none: ``""``): the file's own by their plain names first."""
+    names = {**SUPERVISED_NAMES["conll2003"], **SUPERVISED_NAMES["resume"]}
+    asked = {names.get(label, label): label for label in file_labels}
+    for filler in FILLER_LABELS:
+        if len(asked) >= count:
+            break
+        asked.setdefault(filler, "")
+    if len(asked) < count:
+        raise SystemExit(f"--label-counts: at most {len(asked)} labels for this file")
+    return dict(list(asked.items())[:count])
+
+
+def measure(engine: NEREngine, texts: list[str], batch_size: int, meter: ForwardMeter,
+            labels: dict[str, str] | None = None) -> dict[str, Variant]:
+    """Run every variant over ``texts`` in batches, interleaved batch by batch (asking
+    ``labels``' names when given, each entity kept under the file label its name stands for)."""
     runs = variants(engine, batch_size)
+    asked = list(labels) if labels else None
     for run in runs.values():  # untimed warm-up
-        run.engine.extract(texts[:batch_size], strategy=run.strategy, decoder=run.decoder)
+        run.engine.extract(texts[:batch_size], asked, strategy=run.strategy, decoder=run.decoder)
     for start in tqdm(range(0, len(texts), batch_size), desc=f"batch {batch_size}", unit="batch"):
         batch = texts[start:start + batch_size]
         for run in runs.values():
             meter.reset()
             began = time.perf_counter()
-            results = run.engine.extract(batch, strategy=run.strategy, decoder=run.decoder)
+            results = run.engine.extract(batch, asked, strategy=run.strategy, decoder=run.decoder)
             run.seconds.append(time.perf_counter() - began)
             stats = results[0].stats
             run.texts += len(batch)
             run.forwards += stats.forward_passes
             run.fed += meter.tokens
-            run.spans += [[(e.start, e.end, e.label) for e in r.entities] for r in results]
+            run.spans += [[(e.start, e.end, labels[e.label] if labels else e.label) for e in r.entities
+                           if not labels or labels[e.label]] for r in results]
             phases = dict(stats.phase_ms)
             if "answer" in phases and meter.durations:  # AR: its first forward encodes the prompt
                 phases["prefill"] = 1000 * meter.durations[0]
@@ -159,7 +187,8 @@ def phase_plot(path: Path, rows: list[dict], title: str) -> Path:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(8, 4))
-    names = [r["variant"] for r in rows]
+    several = len({r["labels"] for r in rows}) > 1
+    names = [f"{r['variant']} {r['labels']}l" if several else r["variant"] for r in rows]
     bottom = [0.0] * len(rows)
     for phase in PHASES:
         values = [max(r["phase_ms_per_text"].get(phase, 0.0), 0.0) for r in rows]
@@ -178,6 +207,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,16", help="comma-separated (default %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--label-counts", default=None, help="an open model: comma-separated numbers of labels to ask (e.g. 4,12,24)")
     args = parser.parse_args()
 
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
@@ -185,16 +215,26 @@ def main() -> None:
     gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
     engine = NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
     meter = ForwardMeter(engine.ner_model.model.get_decoder())
+    label_sets: list[dict[str, str] | None] = [None]
+    if args.label_counts:
+        if not engine.ner_model.config.open_labels:
+            parser.error(f"--label-counts needs an open model (any labels at call time); {args.model} knows its own labels only")
+        file_labels = sorted({s.label for e in examples for s in e.spans})
+        label_sets = [asked_labels(file_labels, int(n)) for n in args.label_counts.split(",")]
     rows = []
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
-        rows += rows_of(measure(engine, texts, batch_size, meter), gold, batch_size)
+        for labels in label_sets:
+            found = rows_of(measure(engine, texts, batch_size, meter, labels), gold, batch_size)
+            rows += [{**row, "labels": len(labels) if labels else len(engine.ner_model.config.labels)} for row in found]
     where = f"{args.device}" + ("" if args.device != "cpu" else f", {torch.get_num_threads()} threads")
     print(f"\n{args.model} on {len(examples)} sentences of {args.data}, {args.dtype}, {where}")
-    print_table(rows, ["batch", "variant", "f1", "ms_per_text", "p50_ms", "p90_ms", "texts_per_s", "forwards_per_text",
+    print_table(rows, ["batch", "labels", "variant", "f1", "ms_per_text", "p50_ms", "p90_ms", "texts_per_s", "forwards_per_text",
                        "tokens_fed_per_text", "speedup_vs_ar", "identical"])
     path = write_json(args.json, {"benchmark": "padellm_vs_ar", "model": args.model, "n_sentences": len(examples),
-                                  "dtype": args.dtype, "device": args.device, "results": rows})
-    labels = [f"b{r['batch']} {r['variant']}" for r in rows]
+                                  "dtype": args.dtype, "device": args.device, "results": rows,
+                                  "padellm_speedup_by_labels": {f"batch {r['batch']}, {r['labels']} labels": r["speedup_vs_ar"]
+                                                                for r in rows if r["variant"] == "padellm_copy"}})
+    labels = [f"b{r['batch']} {r['labels']}l {r['variant']}" for r in rows]
     png = bar_plots(path.with_suffix(".png"), labels, {
         "ms per text": [r["ms_per_text"] for r in rows],
         "speed-up over the faster AR": [r["speedup_vs_ar"] for r in rows],

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.conftest import TINY_DIR
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = REPO / "ner_service" / "shipped_models" / "tiny-conll03"
+TINY = TINY_DIR
 # the local Redis, but not db 13: the pipeline tests flush that one
 BENCH_REDIS = "redis://127.0.0.1:6379/12"
 
@@ -51,9 +52,26 @@ def test_padellm_vs_ar_times_every_variant_at_each_batch_size(tmp_path: Path, da
     assert out.with_name("padellm_vs_ar_phases.png").is_file()
 
 
+def test_padellm_vs_ar_asks_an_open_model_more_labels_and_a_closed_one_refuses(tmp_path: Path, data_dir: Path) -> None:
+    import shutil
+
+    model = shutil.copytree(TINY, tmp_path / "tiny-open")
+    config = json.loads((model / "ner_model.json").read_text())
+    (model / "ner_model.json").write_text(json.dumps({**config, "open_labels": True}))
+    out = tmp_path / "labels.json"
+    dev = str(data_dir / "conll2003" / "dev.txt")
+    report = _report(_run("padellm_vs_ar.py", "--model", str(model), "--limit", "2", "--batch-sizes", "1", "--label-counts", "4,7",
+                          "--data", dev, "--json", str(out)), out)
+    assert {r["labels"] for r in report["results"]} == {4, 7}
+    assert set(report["padellm_speedup_by_labels"]) == {"batch 1, 4 labels", "batch 1, 7 labels"}
+    assert all(r["identical"] for r in report["results"])
+    refused = _run("padellm_vs_ar.py", "--model", "tiny-conll03", "--limit", "1", "--label-counts", "4", "--data", dev)
+    assert refused.returncode == 2 and "needs an open model" in refused.stderr
+
+
 def test_general_decoders_are_identical_to_greedy_on_every_task(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "general_decoders.json"
-    report = _report(_run("general_decoders.py", "--model", "tiny-conll03", "--limit", "2",
+    report = _report(_run("general_decoders.py", "--model", "tiny-conll03", "--limit", "1",
                           "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
     assert {r["task"] for r in report["results"]} == {"ar_ner", "mention", "continuation", "engine"}
     assert all(r["identical_to_greedy"] and r["forward_passes"] > 0 for r in report["results"])
@@ -143,7 +161,7 @@ def test_fast_dllm_times_every_sampler_against_lladas_on_the_shipped_diffusion_m
     if not (REPO / "ner_service" / "shipped_models" / "en-conll03-diffusion" / "ner_model.json").is_file():
         pytest.skip("the shipped en-conll03-diffusion model is not in this checkout")
     out = tmp_path / "fast_dllm.json"
-    common = ("--limit", "2", "--batch-size", "2", "--block-sizes", "8", "--thresholds", "0.9", "--padellm", "",
+    common = ("--limit", "1", "--batch-size", "1", "--block-sizes", "8", "--thresholds", "0.9", "--padellm", "",
               "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out))
     report = _report(_run("fast_dllm.py", *common, "--full-forward-every", "first"), out)
     rows = {row["variant"]: row for row in report["results"]}
@@ -183,7 +201,7 @@ def test_lud_curve_scores_every_snapshot_of_a_run_and_its_final_model(tmp_path: 
     train_lud(LUDConfig(model="tiny-conll03", train=str(data_dir / "conll2003" / "train.txt"), output=str(run),
                         placeholder="<eos>", limit=8, max_steps=2, top_layers=1, checkpoint_minutes=0))
     out = tmp_path / "curve.json"
-    report = _report(_run("lud_curve.py", "--run", str(run), "--limit", "3", "--data", str(data_dir / "conll2003" / "dev.txt"),
+    report = _report(_run("lud_curve.py", "--run", str(run), "--limit", "1", "--data", str(data_dir / "conll2003" / "dev.txt"),
                           "--json", str(out)), out)
     rows = report["results"]
     assert [(r["snapshot"], r["decoder"]) for r in rows] == [
@@ -200,7 +218,7 @@ def test_lud_curve_without_a_run_says_which_command_writes_one(tmp_path: Path) -
 def test_training_speed_measures_the_arms_and_draws_the_curve(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "training_speed.json"
     report = _report(_run("training_speed.py", "--base", str(TINY), "--data", str(data_dir), "--limit", "8", "--steps", "1",
-                          "--bf16-steps", "1", "--compile-budget", "0", "--threads", "", "--minutes", "0.02", "--eval-limit", "4",
+                          "--bf16-steps", "1", "--compile-budget", "0", "--threads", "", "--minutes", "0.02", "--eval-limit", "1",
                           "--json", str(out)), out)
     arms = {row["arm"]: row for row in report["throughput"]}
     for name in ("baseline", "default", "mixed", "bfloat16"):  # one step each where the CPU emulates bfloat16

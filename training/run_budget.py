@@ -17,6 +17,8 @@ from dataclasses import dataclass
 DEV_SHARE = 0.25
 #: Dev texts scored before training to measure a text's seconds.
 PROBE_TEXTS = 4
+#: A dev set of at most this many texts is scored whole, unmeasured (a probe would cost as much).
+SMALL_DEV_TEXTS = 2 * PROBE_TEXTS
 #: Engine passes over its texts that choosing the count bias takes (the counts once, then the
 #: mentions of the count signatures the candidate biases give: about one more pass).
 CALIBRATION_PASSES = 2.0

@@ -26,7 +26,7 @@ from training.allocator import current_allocator
 from training.batching import length_batches
 from training.loop import LoopSettings, run_loop
 from training.loss import answer_loss, inner_model
-from training.run_budget import PROBE_TEXTS, DevPlan, plan_dev
+from training.run_budget import PROBE_TEXTS, SMALL_DEV_TEXTS, DevPlan, plan_dev
 from training.precision import resolve_precision
 from training.top_layers import LINEAR_MODULES, FrozenHidden, trained_layer_indices
 from ner_service.engine import NEREngine, NERModel, NERModelConfig, prompts
@@ -268,11 +268,14 @@ def calibrate_count_bias(model: torch.nn.Module, tokenizer: PreTrainedTokenizerB
 def budget_dev(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: TrainConfig, ner_config: NERModelConfig,
                dev: list[Example], started: float) -> DevPlan:
     """The plan of a run with ``config.max_minutes``: a text's seconds measured on the first dev
-    texts, then what dev scoring the minutes allow (:func:`training.run_budget.plan_dev`)."""
-    probe = dev[:PROBE_TEXTS]
-    began = time.perf_counter()
-    evaluate_during_training(model, tokenizer, config, ner_config, probe)
-    seconds_per_text = (time.perf_counter() - began) / len(probe)
+    texts (of a dev set larger than :data:`~training.run_budget.SMALL_DEV_TEXTS`), then what dev
+    scoring the minutes allow (:func:`training.run_budget.plan_dev`)."""
+    seconds_per_text = 0.0  # a dev set hardly bigger than the probe is not cut: only the deadline holds it
+    if len(dev) > SMALL_DEV_TEXTS:
+        probe = dev[:PROBE_TEXTS]
+        began = time.perf_counter()
+        evaluate_during_training(model, tokenizer, config, ner_config, probe)
+        seconds_per_text = (time.perf_counter() - began) / len(probe)
     calibration_texts = len(read_corpus(config.dev)[: config.limit]) if config.calibrate_counts and config.dev else 0
     plan = plan_dev(config.max_minutes or 0.0, started, seconds_per_text, len(dev), max(1, math.ceil(config.epochs)), calibration_texts)
     note = plan.note(len(dev), calibration_texts)
