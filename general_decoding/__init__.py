@@ -6,17 +6,27 @@ reproduce token for token. Drafting decoders are one draft-and-verify loop compo
 decoder that ``supports_constraints``.
 """
 
-from general_decoding.base import DecodeInputs, Decoder, Generation, StopCriteria, left_pad
-from general_decoding.constraints import BannedFirstToken, TokenBias, TokenConstraint, TokenTrie, TrieConstraint, choose
-from general_decoding.draft_verify import Drafter, DraftVerifyDecoder
-from general_decoding.registry import (
-    UnknownDecoderError,
-    available_decoders,
-    get_decoder,
-    register_decoder,
-)
-# importing a decoder module registers its decoders
-from general_decoding import copy_draft, greedy, jacobi, lexical_units, lookahead, ngram, one_sequence, speculative  # noqa: F401,E402
+from importlib import import_module
+from typing import Any
+
+#: Each public name and the module that defines it: imported on first use (PEP 562), so that the
+#: registry's names are read without loading torch.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(["DecodeInputs", "Decoder", "Generation", "StopCriteria", "left_pad"], "general_decoding.base"),
+    **dict.fromkeys(["BannedFirstToken", "TokenBias", "TokenConstraint", "TokenTrie", "TrieConstraint", "choose"],
+                    "general_decoding.constraints"),
+    **dict.fromkeys(["Drafter", "DraftVerifyDecoder"], "general_decoding.draft_verify"),
+    **dict.fromkeys(["UnknownDecoderError", "available_decoders", "get_decoder", "register_decoder"], "general_decoding.registry"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BannedFirstToken",

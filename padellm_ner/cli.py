@@ -207,11 +207,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate_counts(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from ner_service.engine import NEREngine
     from ner_service.engine.cpu import configure_threads
-    from ner_service.engine.ner_model import resolve_ner_model
     from training.count_calibration import calibrate_on_halves
 
     configure_threads(args.threads)
@@ -219,10 +216,33 @@ def cmd_calibrate_counts(args: argparse.Namespace) -> int:
     calibration = calibrate_on_halves(engine, args.path, args.batch_size, args.limit)  # chosen on one half, reported on the other
     setting = calibration.setting()
     print(calibration.table())
-    print(f"count_bias: {json.dumps(setting)}")
+    return _chosen_setting(args, engine, "count_bias", setting)
+
+
+def cmd_calibrate_scores(args: argparse.Namespace) -> int:
+    from ner_service.engine import NEREngine
+    from ner_service.engine.cpu import configure_threads
+    from training.score_calibration import calibrate_on_halves, calibration_table
+
+    configure_threads(args.threads)
+    engine = NEREngine.load(args.model, dtype=args.dtype, device=args.device, calibrated_scores=False)
+    strategies = args.strategies.split(",") if args.strategies else [engine.options().strategy]
+    found = calibrate_on_halves(engine, args.path, strategies, args.batch_size, args.limit)  # fitted on one half, measured on both
+    print(calibration_table(found))
+    setting = {**engine.ner_model.config.score_calibration, **{f.strategy: f.calibration.as_dict() for f in found}}
+    return _chosen_setting(args, engine, "score_calibration", setting)
+
+
+def _chosen_setting(args: argparse.Namespace, engine: Any, field: str, setting: object) -> int:
+    """Print a calibration's setting and, with ``--write``, store it in the model's ``ner_model.json``."""
+    from dataclasses import replace
+
+    from ner_service.engine.ner_model import resolve_ner_model
+
+    print(f"{field}: {json.dumps(setting)}")
     if args.write:
         folder = resolve_ner_model(args.model)
-        replace(engine.ner_model.config, count_bias=setting).write(folder)
+        replace(engine.ner_model.config, **{field: setting}).write(folder)
         print(f"written to {folder / 'ner_model.json'}")
     return 0
 
@@ -284,6 +304,19 @@ def _evaluate_options(evaluate: argparse.ArgumentParser) -> None:
     _add_engine_options(evaluate)
 
 
+def _calibrate_scores_options(calibrate: argparse.ArgumentParser) -> None:
+    from ner_service.engine import DEFAULT_MODEL
+
+    calibrate.add_argument("path", help="a dev corpus file (never the training file): fitted on its choosing half, measured on both")
+    calibrate.add_argument("--strategies", default="padellm,ar", help="comma-separated (default: %(default)s; empty: the model's default)")
+    calibrate.add_argument("--limit", type=int, default=None, help="the first N texts of each half")
+    calibrate.add_argument("--batch-size", type=int, default=16)
+    calibrate.add_argument("--write", action="store_true", help="write the fitted maps into the model's ner_model.json")
+    calibrate.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
+    calibrate.add_argument("--device", default="cpu")
+    _add_cpu_options(calibrate)
+
+
 def _calibrate_counts_options(calibrate: argparse.ArgumentParser) -> None:
     from ner_service.engine import DEFAULT_MODEL
 
@@ -311,6 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate = sub.add_parser("calibrate-counts", help="choose each label's PaDeLLM count bias on a dev file "
                                                         "(the biases of the best dev F1)", options=_calibrate_counts_options)
     calibrate.set_defaults(func=cmd_calibrate_counts)
+
+    scores = sub.add_parser("calibrate-scores", help="fit the map from a model's mention scores to the probability that a "
+                                                     "mention is right, on a dev file's choosing half", options=_calibrate_scores_options)
+    scores.set_defaults(func=cmd_calibrate_scores)
 
     models = sub.add_parser("models", help="list the models chosen by name: the shipped ones, then those in PADELLM_NER_MODEL_PATH")
     models.set_defaults(func=cmd_models)

@@ -185,12 +185,12 @@ def test_snapshots_load_and_leave_the_run_as_it_would_have_been(tmp_path, data_d
 
 
 def test_the_shipped_lud_model_answers_as_its_base_in_fewer_forwards() -> None:
-    """en-conll03-lud's units are verified, so its AR answers are its base's (en-conll03-v1)
-    greedy ones, found in fewer forwards; with the paper's unverified acceptance they are not
-    guaranteed to be."""
+    """en-conll03-lud's units are verified and its placeholder adapter never touches a greedy
+    token, so its AR answers are its own greedy ones, found in fewer forwards; with the paper's
+    unverified acceptance they are not guaranteed to be. It is stored over the public base."""
     lud = NEREngine.load("en-conll03-lud")
-    assert lud.ner_model.config.base == "en-conll03-v1"
-    base = NEREngine.load("en-conll03-v1")
+    assert lud.ner_model.config.base == "smollm2-135m-instruct"
+    base = lud
     texts = TEXTS + ["Germany 's representative to the European Union 's veterinary committee Werner Zwingmann said on Wednesday ."]
     got = lud.extract(texts, strategy="ar", decoder="lud")
     reference = base.extract(texts, strategy="ar", decoder="greedy")

@@ -129,3 +129,26 @@ def test_a_changed_embedding_cannot_be_an_adapter(tiny_engine) -> None:
         tuned.get_input_embeddings().weight[3] += 1.0
     with pytest.raises(ValueError, match="embed_tokens.weight changed .* only linear layers and norms"):
         changed_norms(tuned, base)
+
+
+def test_a_run_can_start_from_the_sum_of_models_changes_over_their_public_base(tuned: Path, tiny_engine) -> None:
+    """``merged_with`` adds each model's change from the public base (task arithmetic): a stored
+    adapter merged with itself starts the run from the base plus twice its change."""
+    from training.model_merge import MergeError, add_model_changes
+    from training.trainer import prepare_model
+
+    base = str(tiny_engine.ner_model.path)
+    adapter = tuned / "merge-adapter"
+    store_low_rank(LowRankConfig(model=str(tuned / "model"), base=base, output=str(adapter), name="tiny-merge", max_megabytes=1.0))
+    model, _, _ = prepare_model(TrainConfig(base=str(adapter), merged_with=[str(adapter)], train="-", output=str(tuned / "unused"),
+                                            full=True, top_layers=1))
+    once, _ = load_base(str(adapter))
+    public = dict(load_base(base)[0].named_parameters())
+    changed = 0
+    for name, weight in model.named_parameters():
+        change = dict(once.named_parameters())[name] - public[name]
+        assert torch.allclose(weight, public[name] + 2 * change, atol=1e-6), name
+        changed += bool(change.abs().max() > 0)
+    assert changed > 0
+    with pytest.raises(MergeError, match="self-contained"):
+        add_model_changes(once, base, [str(adapter)], None)

@@ -177,7 +177,7 @@ def test_the_lexical_unit_model_runs_in_the_pipe_with_the_entities_of_its_base()
     nlp = spacy.blank("en")
     nlp.add_pipe(FACTORY, config={"model": "en-conll03-lud", "strategy": "ar", "decoder": "lud"})
     doc = nlp(SENTENCE)
-    [expected] = NEREngine.load("en-conll03-v1").extract([SENTENCE], strategy="ar", decoder="greedy")  # the model it was tuned from
+    [expected] = NEREngine.load("en-conll03-lud").extract([SENTENCE], strategy="ar", decoder="greedy")  # the greedy tokens it verifies
     assert _ents(doc) == [(e.text, e.label) for e in expected.entities] and doc.ents
     assert doc._.padellm_stats["forward_passes"] < expected.stats.forward_passes
 

@@ -26,6 +26,9 @@ class TrainConfig:
     train: str
     output: str
     name: str = "padellm-ner"
+    #: NER models on ``base``'s public base whose change from it is added to ``base`` before training
+    #: (:mod:`training.model_merge`): a run that must learn their tasks starts from all of them.
+    merged_with: list[str] = field(default_factory=list)
     dev: str | None = None
     labels: list[str] | None = None
     label_names: dict[str, str] = field(default_factory=dict)

@@ -6,7 +6,8 @@ whole model. What it changed is smaller: each linear layer's change
 that rank), the ranks chosen across all layers by largest squared singular value per stored weight until
 the adapter's budget is spent; the changed norms (a few hundred weights each) are stored whole
 (peft's ``modules_to_save``). The result is an ordinary peft adapter, which the engine merges into
-its base at load time. A stage of a recipe (trainer ``low_rank``) after a full fine-tuning stage.
+its base at load time. A lexical-unit model keeps its placeholder adapter as it is, beside the
+stored change of the model beneath it. A stage of a recipe (trainer ``low_rank``) after a full fine-tuning stage.
 """
 
 from __future__ import annotations
@@ -149,17 +150,26 @@ def store_low_rank(config: LowRankConfig) -> dict:
     """The ``low_rank`` trainer: write ``config.model`` as an adapter over ``config.base`` to
     ``config.output`` (with its ``ner_model.json`` and a model card), choose its count biases on dev
     (``calibrate_counts``) and score it on dev."""
-    from ner_service.engine.ner_model import NERModel, load_base
+    from ner_service.engine.ner_model import PLACEHOLDER_ADAPTER, NERModel, load_base
     from training.trainer import save_adapter
 
     tuned = NERModel.load(config.model, device=config.device)
     base, _ = load_base(config.base, device=config.device)
     if tuned.model.config.to_dict().get("num_hidden_layers") != base.config.num_hidden_layers:
         raise ValueError(f"{config.model} and {config.base} differ in shape: the base must be the model the tuning started from")
-    adapted, choice = low_rank_adapter(tuned.model, base, config.max_megabytes)
     output = Path(config.output)
+    placeholder_bytes = 0
+    if tuned.config.lud_placeholder is not None:
+        if (tuned.path / PLACEHOLDER_ADAPTER).is_dir():
+            raise ValueError(f"{config.model} is a lexical-unit model stored over a public base already")
+        # the placeholder adapter applies at placeholder columns only: it is kept as it is, the change beneath it stored low-rank
+        placeholder_bytes = _copy_placeholder_adapter(tuned.path, output / PLACEHOLDER_ADAPTER)
+        changed, _ = load_base(tuned.config.base, device=config.device)
+    else:
+        changed = tuned.model
+    adapted, choice = low_rank_adapter(changed, base, config.max_megabytes - placeholder_bytes / MEGABYTE)
     save_adapter(adapted, config.base, output)
-    size = (output / "adapter_model.safetensors").stat().st_size
+    size = (output / "adapter_model.safetensors").stat().st_size + placeholder_bytes
     if size > config.max_megabytes * MEGABYTE:
         raise ValueError(f"the adapter takes {size / MEGABYTE:.2f} MB, over max_megabytes {config.max_megabytes}")
     ner_config = replace(tuned.config, name=config.name, base=config.base, metrics={})
@@ -179,6 +189,15 @@ def store_low_rank(config: LowRankConfig) -> dict:
     (output / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (output / "README.md").write_text(model_card(config, summary), encoding="utf-8")
     return summary
+
+
+def _copy_placeholder_adapter(model_folder: Path, target: Path) -> int:
+    """Copy a lexical-unit model's placeholder adapter (its folder's own); the bytes its weights take."""
+    source = model_folder
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copyfile(source / name, target / name)
+    return (target / "adapter_model.safetensors").stat().st_size
 
 
 def _calibrate_counts(folder: Path, config: LowRankConfig, ner_config: "NERModelConfig") -> str:

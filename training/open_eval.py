@@ -50,10 +50,12 @@ def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine,
 
     from ner_service.engine.ner_model import load_base
     from training.configs import OpenTrainConfig
+    from training.model_merge import add_model_changes
     from training.open_trainer import open_ner_config
 
     config = OpenTrainConfig(**json.loads((run_output / "run_config.json").read_text(encoding="utf-8")))
     model, tokenizer = load_base(config.base)
+    add_model_changes(model, config.base, config.merged_with, None)
     if snapshot is None:
         return NEREngine(NERModel(model.eval(), tokenizer, open_ner_config(config, tokenizer), run_output)), {"seconds": 0, "step": 0}
     saved = torch.load(snapshot, weights_only=False)

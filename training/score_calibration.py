@@ -5,16 +5,22 @@ error (ECE).
 A score is the probability the model gave its answer (PaDeLLM: the mention's path, its label's
 count included; AR: its line's); a mention is right when its exact ``(start, end, label)`` is
 gold. A threshold drops the mentions scored below it (``Extraction.above``), so the table below
-says what a user who sets it keeps and loses.
+says what a user who sets it keeps and loses. :func:`calibrate_on_halves` fits the map from raw
+scores to probabilities (:mod:`ner_service.engine.score_calibration`) on dev's choosing half and
+measures it on the reporting half.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from corpora import Example
+from corpora.dev_halves import dev_halves
 from ner_service.engine import ExtractOptions, NEREngine
+from ner_service.engine.score_calibration import EPSILON, ScoreCalibration
 
 #: The thresholds every card reports.
 CARD_THRESHOLDS = (0.0, 0.3, 0.5, 0.7)
@@ -73,3 +79,95 @@ def reliability(mentions: Sequence[ScoredMention], bins: Sequence[float] = (0.0,
         rows.append({"from": lo, "to": hi, "mentions": len(inside), "mean_score": mean_score, "right": accuracy})
         weighted_gap += len(inside) * abs(mean_score - accuracy)
     return rows, (weighted_gap / len(mentions) if mentions else 0.0)
+
+
+#: How strongly the fit is held to the identity (an L2 penalty on slope - 1 and intercept, per mention).
+PRIOR_WEIGHT = 1.0
+
+
+def fit_calibration(mentions: Sequence[ScoredMention], steps: int = 100) -> ScoreCalibration:
+    """The Platt map that best predicts which ``mentions`` are right (logistic regression on the
+    logit of the raw score: Newton steps, halved until the loss falls; held to the identity by
+    :data:`PRIOR_WEIGHT`, so that a handful of mentions cannot make it extreme)."""
+    clipped = [min(max(m.score, EPSILON), 1 - EPSILON) for m in mentions]
+    xs = [math.log(c / (1 - c)) for c in clipped]
+    ys = [1.0 if m.right else 0.0 for m in mentions]
+
+    def loss(slope: float, intercept: float) -> float:
+        total = PRIOR_WEIGHT / 2 * ((slope - 1.0) ** 2 + intercept ** 2)
+        for x, y in zip(xs, ys):
+            z = slope * x + intercept  # log(1 + e^z) - y z, computed stably
+            total += (z if z > 0 else 0.0) + math.log1p(math.exp(-abs(z))) - y * z
+        return total
+
+    slope, intercept = 1.0, 0.0
+    current = loss(slope, intercept)
+    for _ in range(steps):
+        g_slope, g_intercept = PRIOR_WEIGHT * (slope - 1.0), PRIOR_WEIGHT * intercept
+        h_ss, h_si, h_ii = PRIOR_WEIGHT, 0.0, PRIOR_WEIGHT
+        for x, y in zip(xs, ys):
+            p = _sigmoid(slope * x + intercept)
+            w = p * (1 - p)
+            g_slope, g_intercept = g_slope + (p - y) * x, g_intercept + p - y
+            h_ss, h_si, h_ii = h_ss + w * x * x, h_si + w * x, h_ii + w
+        det = h_ss * h_ii - h_si * h_si
+        d_slope, d_intercept = (h_ii * g_slope - h_si * g_intercept) / det, (h_ss * g_intercept - h_si * g_slope) / det
+        step = 1.0
+        while step > 1e-6 and loss(slope - step * d_slope, intercept - step * d_intercept) > current:
+            step /= 2
+        if step <= 1e-6:
+            break
+        slope, intercept = slope - step * d_slope, intercept - step * d_intercept
+        previous, current = current, loss(slope, intercept)
+        if previous - current < 1e-10 * max(1.0, abs(current)):
+            break
+    return ScoreCalibration(round(slope, 6), round(intercept, 6))
+
+
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+
+def calibrated_mentions(mentions: Sequence[ScoredMention], calibration: ScoreCalibration) -> list[ScoredMention]:
+    return [replace(m, score=calibration.probability(m.score)) for m in mentions]
+
+
+@dataclass(frozen=True)
+class StrategyCalibration:
+    """One strategy's fitted map and the expected calibration error on each half, before and after it."""
+
+    strategy: str
+    calibration: ScoreCalibration
+    ece: dict[str, tuple[float, float]]  # half -> (raw, calibrated)
+    report_thresholds: list[dict[str, float]]  # precision and recall at the card's thresholds, reporting half, calibrated
+
+
+def calibrate_on_halves(engine: NEREngine, path: str | Path, strategies: Sequence[str], batch_size: int = 16,
+                        limit: int | None = None) -> list[StrategyCalibration]:
+    """Fit each strategy's map on the raw scores of dev's choosing half (its first ``limit``
+    texts), and measure it on both halves. ``engine`` must give raw scores (``calibrated_scores=False``)."""
+    halves = dev_halves(path)
+    found = []
+    for strategy in strategies:
+        options = engine.options(None, strategy, None)
+        scored = {half: scored_mentions(engine, examples[:limit], options, batch_size)
+                  for half, examples in (("choose", halves.choose), ("report", halves.report))}
+        calibration = fit_calibration(scored["choose"][0])
+        ece = {half: (reliability(mentions)[1], reliability(calibrated_mentions(mentions, calibration))[1])
+               for half, (mentions, _) in scored.items()}
+        report, gold = scored["report"]
+        found.append(StrategyCalibration(strategy, calibration, ece, at_thresholds(calibrated_mentions(report, calibration), gold)))
+    return found
+
+
+def calibration_table(found: Sequence[StrategyCalibration]) -> str:
+    """A Markdown table: each strategy's map, ECE before and after on both halves, P / R at the card's thresholds."""
+    lines = ["| strategy | slope | intercept | ECE choose (raw -> calibrated) | ECE report (raw -> calibrated) | "
+             + " | ".join(f"report P / R at {t:g}" for t in CARD_THRESHOLDS) + " |",
+             "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in CARD_THRESHOLDS) + " |"]
+    for f in found:
+        cells = " | ".join(f"{row['precision']:.1f} / {row['recall']:.1f}" for row in f.report_thresholds)
+        lines.append(f"| {f.strategy} | {f.calibration.slope:.3f} | {f.calibration.intercept:.3f} | "
+                     f"{f.ece['choose'][0]:.3f} -> {f.ece['choose'][1]:.3f} | {f.ece['report'][0]:.3f} -> {f.ece['report'][1]:.3f} | {cells} |")
+    return "\n".join(lines)
+

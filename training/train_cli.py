@@ -102,8 +102,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     examples:
       padellm-ner train --train my.jsonl --dev my-dev.jsonl --output runs/mine
       padellm-ner train --train my.jsonl --labels DOSE,DRUG --output runs/mine --base HF_FOLDER --full
-      padellm-ner train --recipe en-conll03-v1 --device cuda
-      padellm-ner train --recipe en-conll03          # en-conll03-v1 trained further, on the CPU
+      padellm-ner train --recipe en-conll03          # the shipped English model, on the CPU
+      padellm-ner train --recipe open --resume       # the open-label model, continued where it stopped
     """)
     trainer = sub.add_parser("train", help="train a model from a recipe (--recipe NAME), or fine-tune a causal LM for PaDeLLM-NER "
                                            "and the AR baseline with the settings given as flags",

@@ -25,6 +25,7 @@ from general_decoding.kept_vocabulary import KeptVocabulary
 from training.allocator import current_allocator
 from training.batching import length_batches
 from training.loop import LoopSettings, run_loop
+from training.model_merge import add_model_changes
 from training.loss import answer_loss, inner_model
 from training.run_budget import PROBE_TEXTS, SMALL_DEV_TEXTS, DevPlan, plan_dev
 from training.precision import resolve_precision
@@ -73,6 +74,8 @@ def too_few_steps(n_texts: int, lengths: list[int], config: TrainConfig) -> str 
 def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, int]:
     """The model to train, its tokenizer, and the index of its first trained layer."""
     model, tokenizer = load_base(config.base, dtype=resolve_precision(config.dtype, config.device).weights, device=config.device)
+    if config.merged_with:  # also on resume: a checkpoint holds only the trained layers
+        add_model_changes(model, config.base, config.merged_with, None, config.device)
     trained = trained_layer_indices(model, config.top_layers)
     if config.full:
         model.requires_grad_(config.top_layers is None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from ner_service.engine.document_consistency import consistent_entities
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
 from ner_service.engine.options import ExtractOptions
 from ner_service.engine.results import Extraction, ExtractionStats
+from ner_service.engine.score_calibration import ScoreCalibration
 from ner_service.engine.spans import Entity, align_mentions, resolve_overlaps
 from ner_service.engine.strategies import Strategy, StrategyOptions, strategy_class
 
@@ -49,13 +51,16 @@ class NEREngine:
                  count_bias: CountBiasSetting | CountBias | None = None,
                  repair_duplicates: bool = True, repair_unaligned: bool | None = None,
                  speculated_counts: tuple[int, ...] | None = None, document_consistency: bool | None = None,
-                 diffusion_sampler: "BlockDiffusionSampler | None" = None, restricted_output: bool = True) -> None:
+                 diffusion_sampler: "BlockDiffusionSampler | None" = None, restricted_output: bool = True,
+                 calibrated_scores: bool = True) -> None:
         """``max_window_tokens``, ``count_bias``, ``repair_unaligned`` and ``document_consistency``
         default to the model's (``ner_model.json``: ``window_tokens``, else
         :data:`MAX_WINDOW_TOKENS`), ``speculated_counts`` to the device's
         (:data:`SPECULATED_COUNTS`); see :class:`StrategyOptions` for what each strategy setting
         does (``restricted_output`` False: PaDeLLM's answers over the whole output layer, the path
-        before issue 78), :mod:`.document_consistency` for the last."""
+        before issue 78), :mod:`.document_consistency` for ``document_consistency``. With
+        ``calibrated_scores``, scores go through the model's calibration of the strategy
+        (:mod:`.score_calibration`; False: the raw scores, which a calibration is fitted on)."""
         self.ner_model = ner_model
         self.max_window_tokens = max_window_tokens or ner_model.config.window_tokens or MAX_WINDOW_TOKENS
         self.max_batch_texts = max_batch_texts
@@ -66,6 +71,8 @@ class NEREngine:
         self.document_consistency = ner_model.config.document_consistency if document_consistency is None else document_consistency
         self.diffusion_sampler = diffusion_sampler
         self.restricted_output = restricted_output
+        self.score_calibrations = {strategy: ScoreCalibration.of(setting) for strategy, setting in ner_model.config.score_calibration.items()
+                                   } if calibrated_scores else {}
 
     @classmethod
     def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | str = torch.float32, device: str = "cpu",
@@ -160,10 +167,19 @@ class NEREngine:
                 Entity(e.start + window.offset, e.end + window.offset, e.text, asked.get(e.label, e.label), e.score) for e in entities
             )
         stats.latency_ms = (time.perf_counter() - began) * 1000
-        return [Extraction(text, self.text_entities(text, found), stats) for text, found in zip(texts, per_text)]
+        calibration = self.score_calibrations.get(strategy.name, ScoreCalibration())
+        return [Extraction(text, calibrated(self.text_entities(text, found), calibration), stats) for text, found in zip(texts, per_text)]
 
     def text_entities(self, text: str, found: list[Entity]) -> list[Entity]:
         """A text's entities from those found in its windows (or in the pieces the API cut it
         into), offsets in ``text``: flat, and consistent where the model says so."""
         entities = resolve_overlaps(found, self.ner_model.config.shorter_span_margin)
         return consistent_entities(text, entities) if self.document_consistency else entities
+
+
+def calibrated(entities: list[Entity], calibration: ScoreCalibration) -> list[Entity]:
+    """``entities`` with their scores calibrated (after overlaps and consistency, which read the raw ones)."""
+    if calibration.is_identity:
+        return entities
+    return [replace(e, score=calibration.probability(e.score)) for e in entities]
+

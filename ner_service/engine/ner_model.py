@@ -35,6 +35,9 @@ DEFAULT_MODELS = {"en": DEFAULT_MODEL, "zh": "zh-resume"}
 #: earlier versions and other bases stay loadable by the command line and by ``NER_MODELS``.
 CURRENT_MODELS = (*DEFAULT_MODELS.values(), "zh-weibo", "en-conll03-lud", "en-conll03-diffusion")
 SELF_CONTAINED = "."
+#: The sub-folder of a lexical-unit model stored over a public base that holds its placeholder
+#: adapter (unmerged); the folder's own adapter, merged, is the rest of its change from the base.
+PLACEHOLDER_ADAPTER = "placeholder_adapter"
 
 
 @dataclass
@@ -64,6 +67,7 @@ class NERModelConfig:
     diffusion_causal_prompt: bool = False  # ... and keeps its prompt causal (only the answer is bidirectional)
     diffusion_threshold: float = 0.9  # Fast-dLLM unmasks the run of positions more confident than this (chosen per model)
     open_labels: bool = False  # takes any label names (and descriptions) at call time (training/open_trainer.py)
+    score_calibration: dict[str, dict[str, float]] = field(default_factory=dict)  # per strategy: Platt slope, intercept (score_calibration.py)
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -159,7 +163,9 @@ class NERModel:
     def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | None = None, device: str = "cpu",
              bases: SharedBases | None = None) -> "NERModel":
         """Load by shipped name or folder (``dtype`` None: float32); a LoRA adapter is merged into its
-        base for speed, except a lexical-unit one (:mod:`general_decoding.lexical_units`). With
+        base for speed, except a lexical-unit one (:mod:`general_decoding.lexical_units`): the
+        folder's adapter when the model stands on another NER model, :data:`PLACEHOLDER_ADAPTER`
+        when it stands on a public base (its own adapter, merged, the rest of the change). With
         ``bases`` (of this dtype and device), the base comes from there and the model shares the
         weights its adapter leaves as they are (:mod:`.shared_bases`)."""
         folder = resolve_ner_model(name_or_path)
@@ -182,10 +188,15 @@ class NERModel:
             with warnings.catch_warnings():  # peft asks transformers for an attribute it deprecated; nothing to act on here
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
                 adapted = PeftModel.from_pretrained(base, folder)
+                placeholder_only = config.lud_placeholder is not None and not (folder / PLACEHOLDER_ADAPTER).is_dir()
+                if not placeholder_only:
+                    if bases is not None:
+                        own_lora_targets(adapted)  # the merge writes into these: the shared base keeps its own
+                    adapted = adapted.merge_and_unload()
+                if config.lud_placeholder is not None and not placeholder_only:
+                    adapted = PeftModel.from_pretrained(adapted, folder / PLACEHOLDER_ADAPTER)
             if config.lud_placeholder is None:
-                if bases is not None:
-                    own_lora_targets(adapted)  # the merge writes into these: the shared base keeps its own
-                model = adapted.merge_and_unload().eval()
+                model = adapted.eval()
             else:  # a lexical-unit adapter stays unmerged: it applies at placeholder columns only
                 model = adapted.get_base_model().eval()
                 placeholder_adapter(model, tokenizer.convert_tokens_to_ids(config.lud_placeholder))

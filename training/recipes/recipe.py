@@ -3,8 +3,10 @@
 A recipe is one or more stages; a stage names its trainer, its data (paths relative to a data
 folder, the dev file only scored, never trained on) and the trainer's settings, checked against
 that trainer's config before anything runs. A stage with ``continues = true`` starts from the
-previous stage's result; an ``lm`` or ``diffusion`` stage with ``continues = "adapter"`` trains
-that result's adapter further (more epochs of one model, one adapter in the end).
+previous stage's result; an ``lm``, ``open`` or ``diffusion`` stage with ``continues = "adapter"`` trains
+that result's adapter further (more epochs of one model, one adapter in the end), over that
+stage's own base unless it names one. A stage may name the device its run used, when it is not
+the recipe's.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Stage(BaseModel):
     dev: str | None = Field(default=None, description="dev corpus scored during training (never trained on)")
     continues: bool | Literal["adapter"] = Field(
         default=False, description="true: start from the previous stage's result; \"adapter\": train its adapter further")
+    device: str | None = Field(default=None, description="where this stage of the model card's run trained, when not the recipe's device")
     settings: dict[str, object] = Field(default_factory=dict, description="the trainer's config fields")
 
     @model_validator(mode="after")

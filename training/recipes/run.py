@@ -48,7 +48,7 @@ def stage_configs(recipe: Recipe, run: RecipeRun) -> list[Any]:
         trainer = TRAINERS[stage.trainer]
         names = {f.name for f in fields(trainer.config)}
         values: dict[str, object] = dict(stage.settings)
-        values |= {"output": str(run.stage_output(index, len(recipe.stages))), "device": run.device or recipe.device}
+        values |= {"output": str(run.stage_output(index, len(recipe.stages))), "device": run.device or stage.device or recipe.device}
         if stage.train is not None:
             values["train"] = str(_data_file(run.data, stage.train))
         if stage.dev is not None:
@@ -57,6 +57,8 @@ def stage_configs(recipe: Recipe, run: RecipeRun) -> list[Any]:
             values.setdefault("name", recipe.name)
         if stage.continues:
             values[stage.continued_field] = str(previous)
+        if stage.continues == "adapter" and trainer.continues_field not in stage.settings:
+            values[trainer.continues_field] = getattr(configs[-1], trainer.continues_field)  # the adapter's own base
         for field_name, value in (("limit", run.limit), ("max_steps", run.max_steps), ("resume", run.resume or None)):
             if value is not None and field_name in names:
                 values[field_name] = value

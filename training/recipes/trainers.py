@@ -61,7 +61,7 @@ class StageTrainer:
 
 TRAINERS: dict[str, StageTrainer] = {
     "lm": StageTrainer("training.configs:TrainConfig", "training.trainer:train", "base", "init_adapter"),
-    "open": StageTrainer("training.configs:OpenTrainConfig", "training.open_trainer:train_open", "base"),
+    "open": StageTrainer("training.configs:OpenTrainConfig", "training.open_trainer:train_open", "base", "init_adapter"),
     "tiny": StageTrainer("training.configs:TinyConfig", "training.tiny_model:train_tiny_model", None),
     "diffusion": StageTrainer("training.configs:DiffusionConfig", "training.diffusion:train_diffusion", "init", "init_adapter"),
     "lud": StageTrainer("training.configs:LUDConfig", "training.lexical_units:train_lud", "model"),

@@ -2,8 +2,8 @@
 
 * With ``repair_unaligned``, an answer not in its window (or empty although the count promised
   a mention, from a model not trained to answer nothing) is re-asked restricted to spans of the
-  window (:class:`SpanTries`). A weak model (zh-resume-v1) writes a mention of its own rather
-  than copying one far more often than a strong one. Where the re-asked answer is not kept, the stray CJK characters written before the
+  window (:class:`SpanTries`). A weak model writes a mention of its own rather than copying one
+  far more often than a strong one. Where the re-asked answer is not kept, the stray CJK characters written before the
   copy are dropped (:func:`without_stray_characters`).
 * With ``repair_duplicates``, a surplus copy (an answer repeated under its label more often
   than the window holds it) is re-asked with its first token banned (and within the window's
@@ -30,10 +30,9 @@ from ner_service.engine.span_tries import SpanTries
 from ner_service.engine.spans import is_cjk, occurrences
 from ner_service.engine.strategies.base import StrategyOptions
 
-#: A re-asked mention is kept when its log-probability per token is at least this: on
-#: zh-resume-v1's dev set (its model card), about 23 % of the unaligned answers re-asked between
-#: -2.0 and -1.6 were right (break-even at its F1), 9 % between -2.4 and -2.0; of the surplus
-#: copies re-asked, those below it are mostly one stray character (docs/decoders.md).
+#: A re-asked mention is kept when its log-probability per token is at least this: below it, few
+#: re-asked answers are right and the surplus copies re-asked are mostly one stray character
+#: (the measurement: docs/decoders.md).
 REPAIRED_MIN_MEAN_LOGPROB = -1.6
 #: The decoder of answers restricted to the text's spans: they are copies of the text, so
 #: copy drafting gives constrained greedy's tokens in fewer forwards.
