@@ -304,29 +304,27 @@ def _evaluate_options(evaluate: argparse.ArgumentParser) -> None:
     _add_engine_options(evaluate)
 
 
-def _calibrate_scores_options(calibrate: argparse.ArgumentParser) -> None:
+def _calibration_options(calibrate: argparse.ArgumentParser, path_help: str, limit_help: str, written: str) -> None:
+    """What every calibration command takes: a dev file, how much of it, the model, and ``--write``."""
     from ner_service.engine import DEFAULT_MODEL
 
-    calibrate.add_argument("path", help="a dev corpus file (never the training file): fitted on its choosing half, measured on both")
-    calibrate.add_argument("--strategies", default="padellm,ar", help="comma-separated (default: %(default)s; empty: the model's default)")
-    calibrate.add_argument("--limit", type=int, default=None, help="the first N texts of each half")
+    calibrate.add_argument("path", help=path_help)
+    calibrate.add_argument("--limit", type=int, default=None, help=limit_help)
     calibrate.add_argument("--batch-size", type=int, default=16)
-    calibrate.add_argument("--write", action="store_true", help="write the fitted maps into the model's ner_model.json")
+    calibrate.add_argument("--write", action="store_true", help=f"write {written} into the model's ner_model.json")
     calibrate.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
     calibrate.add_argument("--device", default="cpu")
     _add_cpu_options(calibrate)
+
+
+def _calibrate_scores_options(calibrate: argparse.ArgumentParser) -> None:
+    _calibration_options(calibrate, "a dev corpus file (never the training file): fitted on its choosing half, measured on both",
+                         "the first N texts of each half", "the fitted maps")
+    calibrate.add_argument("--strategies", default="padellm,ar", help="comma-separated (default: %(default)s; empty: the model's default)")
 
 
 def _calibrate_counts_options(calibrate: argparse.ArgumentParser) -> None:
-    from ner_service.engine import DEFAULT_MODEL
-
-    calibrate.add_argument("path", help="a dev corpus file (never the training file)")
-    calibrate.add_argument("--limit", type=int, default=None, help="the first N texts")
-    calibrate.add_argument("--batch-size", type=int, default=16)
-    calibrate.add_argument("--write", action="store_true", help="write the chosen biases into the model's ner_model.json")
-    calibrate.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
-    calibrate.add_argument("--device", default="cpu")
-    _add_cpu_options(calibrate)
+    _calibration_options(calibrate, "a dev corpus file (never the training file)", "the first N texts", "the chosen biases")
     calibrate.add_argument("--count-bias", default=None, help="the bias to compare with, as for evaluate (default: the model's)")
 
 

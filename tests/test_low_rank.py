@@ -151,4 +151,4 @@ def test_a_run_can_start_from_the_sum_of_models_changes_over_their_public_base(t
         changed += bool(change.abs().max() > 0)
     assert changed > 0
     with pytest.raises(MergeError, match="self-contained"):
-        add_model_changes(once, base, [str(adapter)], None)
+        add_model_changes(once, base, [str(adapter)])

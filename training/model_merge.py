@@ -26,7 +26,7 @@ def public_base(name: str) -> str:
 
 
 @torch.no_grad()
-def add_model_changes(model: torch.nn.Module, first: str, others: list[str], dtype: torch.dtype | None, device: str = "cpu") -> None:
+def add_model_changes(model: torch.nn.Module, first: str, others: list[str], device: str = "cpu") -> None:
     """Add to ``model`` (``first`` loaded, its adapters merged) each of ``others``' change from the
     public base they share with ``first``, in place."""
     if not others:

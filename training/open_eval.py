@@ -55,7 +55,7 @@ def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine,
 
     config = OpenTrainConfig(**json.loads((run_output / "run_config.json").read_text(encoding="utf-8")))
     model, tokenizer = load_base(config.base)
-    add_model_changes(model, config.base, config.merged_with, None)
+    add_model_changes(model, config.base, config.merged_with)
     if snapshot is None:
         return NEREngine(NERModel(model.eval(), tokenizer, open_ner_config(config, tokenizer), run_output)), {"seconds": 0, "step": 0}
     saved = torch.load(snapshot, weights_only=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 from corpora import Example
 from corpora.dev_halves import dev_halves
 from ner_service.engine import ExtractOptions, NEREngine
-from ner_service.engine.score_calibration import EPSILON, ScoreCalibration
+from ner_service.engine.score_calibration import ScoreCalibration, logit, sigmoid
 
 #: The thresholds every card reports.
 CARD_THRESHOLDS = (0.0, 0.3, 0.5, 0.7)
@@ -89,8 +89,7 @@ def fit_calibration(mentions: Sequence[ScoredMention], steps: int = 100) -> Scor
     """The Platt map that best predicts which ``mentions`` are right (logistic regression on the
     logit of the raw score: Newton steps, halved until the loss falls; held to the identity by
     :data:`PRIOR_WEIGHT`, so that a handful of mentions cannot make it extreme)."""
-    clipped = [min(max(m.score, EPSILON), 1 - EPSILON) for m in mentions]
-    xs = [math.log(c / (1 - c)) for c in clipped]
+    xs = [logit(m.score) for m in mentions]
     ys = [1.0 if m.right else 0.0 for m in mentions]
 
     def loss(slope: float, intercept: float) -> float:
@@ -106,7 +105,7 @@ def fit_calibration(mentions: Sequence[ScoredMention], steps: int = 100) -> Scor
         g_slope, g_intercept = PRIOR_WEIGHT * (slope - 1.0), PRIOR_WEIGHT * intercept
         h_ss, h_si, h_ii = PRIOR_WEIGHT, 0.0, PRIOR_WEIGHT
         for x, y in zip(xs, ys):
-            p = _sigmoid(slope * x + intercept)
+            p = sigmoid(slope * x + intercept)
             w = p * (1 - p)
             g_slope, g_intercept = g_slope + (p - y) * x, g_intercept + p - y
             h_ss, h_si, h_ii = h_ss + w * x * x, h_si + w * x, h_ii + w
@@ -122,10 +121,6 @@ def fit_calibration(mentions: Sequence[ScoredMention], steps: int = 100) -> Scor
         if previous - current < 1e-10 * max(1.0, abs(current)):
             break
     return ScoreCalibration(round(slope, 6), round(intercept, 6))
-
-
-def _sigmoid(z: float) -> float:
-    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
 
 def calibrated_mentions(mentions: Sequence[ScoredMention], calibration: ScoreCalibration) -> list[ScoredMention]:

@@ -75,7 +75,7 @@ def prepare_model(config: TrainConfig) -> tuple[torch.nn.Module, PreTrainedToken
     """The model to train, its tokenizer, and the index of its first trained layer."""
     model, tokenizer = load_base(config.base, dtype=resolve_precision(config.dtype, config.device).weights, device=config.device)
     if config.merged_with:  # also on resume: a checkpoint holds only the trained layers
-        add_model_changes(model, config.base, config.merged_with, None, config.device)
+        add_model_changes(model, config.base, config.merged_with, config.device)
     trained = trained_layer_indices(model, config.top_layers)
     if config.full:
         model.requires_grad_(config.top_layers is None)

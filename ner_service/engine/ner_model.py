@@ -188,13 +188,12 @@ class NERModel:
             with warnings.catch_warnings():  # peft asks transformers for an attribute it deprecated; nothing to act on here
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
                 adapted = PeftModel.from_pretrained(base, folder)
-                placeholder_only = config.lud_placeholder is not None and not (folder / PLACEHOLDER_ADAPTER).is_dir()
-                if not placeholder_only:
+                if config.lud_placeholder is None or (folder / PLACEHOLDER_ADAPTER).is_dir():  # else: the placeholder adapter itself
                     if bases is not None:
                         own_lora_targets(adapted)  # the merge writes into these: the shared base keeps its own
                     adapted = adapted.merge_and_unload()
-                if config.lud_placeholder is not None and not placeholder_only:
-                    adapted = PeftModel.from_pretrained(adapted, folder / PLACEHOLDER_ADAPTER)
+                    if config.lud_placeholder is not None:
+                        adapted = PeftModel.from_pretrained(adapted, folder / PLACEHOLDER_ADAPTER)
             if config.lud_placeholder is None:
                 model = adapted.eval()
             else:  # a lexical-unit adapter stays unmerged: it applies at placeholder columns only

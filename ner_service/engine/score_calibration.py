@@ -18,6 +18,17 @@ from dataclasses import asdict, dataclass
 EPSILON = 1e-6
 
 
+def logit(score: float) -> float:
+    """The log-odds of a raw score, clipped by :data:`EPSILON`."""
+    clipped = min(max(score, EPSILON), 1.0 - EPSILON)
+    return math.log(clipped / (1.0 - clipped))
+
+
+def sigmoid(z: float) -> float:
+    """The inverse of :func:`logit`, without overflow for any ``z``."""
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+
 @dataclass(frozen=True)
 class ScoreCalibration:
     """``calibrated = sigmoid(slope * logit(score) + intercept)``; slope 1 and intercept 0 change nothing."""
@@ -27,9 +38,7 @@ class ScoreCalibration:
 
     def probability(self, score: float) -> float:
         """The calibrated probability of a raw ``score`` in [0, 1]."""
-        clipped = min(max(score, EPSILON), 1.0 - EPSILON)
-        z = self.slope * math.log(clipped / (1.0 - clipped)) + self.intercept
-        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+        return sigmoid(self.slope * logit(score) + self.intercept)
 
     @property
     def is_identity(self) -> bool:
