@@ -42,7 +42,8 @@ def _engine(args: argparse.Namespace):
     configure_threads(args.threads)
     return NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args),
                           repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned,
-                          document_consistency=args.document_consistency, restricted_output=not args.whole_output_layer)
+                          document_consistency=args.document_consistency, restricted_output=not args.whole_output_layer,
+                          past_count_rounds=args.past_count_rounds)
 
 
 def _count_bias(args: argparse.Namespace):
@@ -70,6 +71,7 @@ def _options(args: argparse.Namespace):
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     from general_decoding import available_decoders
     from ner_service.engine import DEFAULT_DECODER, DEFAULT_MODEL, DEFAULT_STRATEGY, available_strategies
+    from ner_service.engine.defaults import PAST_COUNT_ROUNDS
 
     parser.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
     parser.add_argument("--strategy", default=None, help=f"how the model is asked (default {DEFAULT_STRATEGY}): {', '.join(available_strategies())}")
@@ -90,6 +92,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="PaDeLLM: keep a mention answered more often than the text holds it instead of re-asking it")
     parser.add_argument("--repair-unaligned", action=argparse.BooleanOptionalAction, default=None,
                         help="PaDeLLM: re-ask a mention that is not in the text, restricted to the text's spans (default: the model's)")
+    parser.add_argument("--past-count-rounds", type=int, default=PAST_COUNT_ROUNDS, metavar="N",
+                        help="PaDeLLM on a model trained past its counts: ask up to N more mentions past a count, one after another, "
+                             "while the model answers a new one (0: only the one past it; default: %(default)s)")
     parser.add_argument("--document-consistency", action=argparse.BooleanOptionalAction, default=None,
                         help="a name found in a text keeps one label throughout it and is tagged wherever it recurs (default: the model's)")
 

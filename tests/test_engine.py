@@ -231,7 +231,8 @@ def test_a_model_trained_with_past_count_queries_is_asked_one_mention_past_every
 
     def queries_asked(answers_past_count: bool) -> tuple[dict[str, int], set[tuple[str, int, int]]]:
         model = replace(tiny_engine.ner_model, config=replace(tiny_engine.ner_model.config, answers_past_count=answers_past_count))
-        strategy = PaDeLLM(model, replace(tiny_engine.strategy_options(), repair_duplicates=False), runner=lambda m, w, _: Recording(m, w))
+        options = replace(tiny_engine.strategy_options(), repair_duplicates=False, past_count_rounds=0)
+        strategy = PaDeLLM(model, options, runner=lambda m, w, _: Recording(m, w))
         windows = tiny_engine.windows([text])
         asked.clear()
         runner = SharedPrefixRunner(model, windows)
@@ -246,6 +247,38 @@ def test_a_model_trained_with_past_count_queries_is_asked_one_mention_past_every
     counts, past = queries_asked(True)
     assert past == {(label, n, k) for label, n in counts.items() for k in range(1, n + 2)}
     assert len(past) == len(plain) + len(labels)
+
+
+@pytest.mark.parametrize("rounds", [0, 1, 3, 5])
+def test_past_a_count_padellm_asks_on_while_the_model_answers_a_new_mention(tiny_engine: NEREngine, rounds: int,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A count of 1 where the text holds four names: the answer past the count is a new name, so
+    PaDeLLM asks the one past that under the count raised by one, and so on, until the model
+    answers nothing, repeats a name it gave, or ``past_count_rounds`` asks have been made."""
+    text = "Ann , Bob , Cy and Dee met ."
+    names = ["Ann", "Bob", "Cy", "Dee", "Bob"]  # the k-th answer, whatever the count: a fifth repeats the second
+    asked: list[MentionQuery] = []
+
+    def scripted_ask(self, runner, queries, confirm, decoder, stats):
+        asked.extend(queries)
+        answers = [Answer(Mention(q.label, names[q.k - 1] if q.label == "PER" and q.k <= len(names) else "", -0.1), None)
+                   for q in queries]
+        return answers, {}
+
+    def one_per(self, runner, windows, labels, stats):
+        keys = [WindowLabel(0, label) for label in labels]
+        return Counts({key: 1 if key.label == "PER" else 0 for key in keys}, [], {key: {d: -0.1 * d for d in range(10)} for key in keys})
+
+    monkeypatch.setattr(PaDeLLM, "_ask", scripted_ask)
+    monkeypatch.setattr(PaDeLLM, "_counts", one_per)
+    model = replace(tiny_engine.ner_model, config=replace(tiny_engine.ner_model.config, answers_past_count=True, repair_unaligned=False))
+    options = replace(tiny_engine.strategy_options(), repair_duplicates=False, repair_unaligned=False, past_count_rounds=rounds)
+    found = PaDeLLM(model, options).mentions(tiny_engine.windows([text]), ["LOC", "PER"], get_decoder("greedy"), ExtractionStats())[0]
+    per_asked = sorted((q.count, q.k) for q in asked if q.label == "PER")
+    chained = [(k, k + 1) for k in range(2, 2 + rounds)][:3]  # the fifth answer repeats "Bob": no sixth is asked
+    assert per_asked == [(1, 1), (1, 2)] + chained
+    assert [m.text for m in found if m.label == "PER"] == names[:2 + len(chained)]
+    assert [(q.count, q.k) for q in asked if q.label == "LOC"] == [(0, 1)]  # nothing past a count of 0: no chain
 
 
 def test_an_empty_answer_is_re_asked_unless_the_model_was_trained_to_answer_nothing_past_its_count(

@@ -89,3 +89,22 @@ def test_calibrate_scores_fits_on_the_choosing_half_and_writes_the_map(tiny_engi
     assert "| padellm |" in printed and "| ar |" in printed and "ECE report" in printed
     written = json.loads((folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]
     assert set(written) == {"padellm", "ar"} and all(set(v) == {"slope", "intercept"} for v in written.values())
+
+
+def test_a_map_that_makes_the_other_half_worse_is_not_kept() -> None:
+    """Overconfident scores on the choosing half, honest ones on the reporting half: the map that
+    fixes the first would spoil the second, so the raw scores stay; where both halves are alike it is kept."""
+    from training.score_calibration import ScoredMention, fit_where_it_carries
+
+    def mentions(score: float, right_share: float, n: int = 200) -> list[ScoredMention]:
+        return [ScoredMention(score, i < right_share * n) for i in range(n)]
+
+    overconfident = mentions(0.95, 0.6) + mentions(0.6, 0.3)
+    honest = mentions(0.95, 0.95) + mentions(0.6, 0.6)
+    calibration, ece, not_carried = fit_where_it_carries(overconfident, honest)
+    assert calibration.is_identity and not_carried is not None
+    fitted, worse = not_carried
+    assert not fitted.is_identity and worse > ece["report"][0] and ece["report"][0] == ece["report"][1]
+    calibration, ece, not_carried = fit_where_it_carries(overconfident, list(reversed(overconfident)))
+    assert not calibration.is_identity and not_carried is None and ece["report"][1] < ece["report"][0]
+

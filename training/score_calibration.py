@@ -7,7 +7,7 @@ count included; AR: its line's); a mention is right when its exact ``(start, end
 gold. A threshold drops the mentions scored below it (``Extraction.above``), so the table below
 says what a user who sets it keeps and loses. :func:`calibrate_on_halves` fits the map from raw
 scores to probabilities (:mod:`ner_service.engine.score_calibration`) on dev's choosing half and
-measures it on the reporting half.
+measures it on the reporting half; a map that makes the reporting half's ECE worse is not kept.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from tqdm import tqdm
 
 from corpora import Example
 from corpora.dev_halves import dev_halves
@@ -33,18 +35,20 @@ class ScoredMention:
 
 
 def scored_mentions(engine: NEREngine, examples: Sequence[Example], options: ExtractOptions,
-                    batch_size: int = 16) -> tuple[list[ScoredMention], int]:
+                    batch_size: int = 16, description: str = "score") -> tuple[list[ScoredMention], int]:
     """Every predicted mention of ``examples`` with its score and whether it is gold, and how many
-    gold mentions of the asked labels there are."""
+    gold mentions of the asked labels there are (a progress bar on stderr)."""
     labels = set(options.labels or ())
     mentions: list[ScoredMention] = []
     gold_total = 0
-    for start in range(0, len(examples), batch_size):
-        batch = examples[start:start + batch_size]
-        for example, result in zip(batch, engine.extract_with(options, [e.text for e in batch])):
-            gold = {(s.start, s.end, s.label) for s in example.spans if s.label in labels}
-            gold_total += len(gold)
-            mentions.extend(ScoredMention(e.score, (e.start, e.end, e.label) in gold) for e in result.entities)
+    with tqdm(total=len(examples), desc=description, unit="text") as bar:
+        for start in range(0, len(examples), batch_size):
+            batch = examples[start:start + batch_size]
+            for example, result in zip(batch, engine.extract_with(options, [e.text for e in batch])):
+                gold = {(s.start, s.end, s.label) for s in example.spans if s.label in labels}
+                gold_total += len(gold)
+                mentions.extend(ScoredMention(e.score, (e.start, e.end, e.label) in gold) for e in result.entities)
+            bar.update(len(batch))
     return mentions, gold_total
 
 
@@ -135,6 +139,9 @@ class StrategyCalibration:
     calibration: ScoreCalibration
     ece: dict[str, tuple[float, float]]  # half -> (raw, calibrated)
     report_thresholds: list[dict[str, float]]  # precision and recall at the card's thresholds, reporting half, calibrated
+    #: The map fitted on the choosing half where it made the reporting half's ECE worse (then not
+    #: kept: ``calibration`` is the identity, the raw scores stay); None where it carried.
+    not_carried: tuple[ScoreCalibration, float] | None = None  # the fitted map, and the reporting half's ECE under it
 
 
 def calibrate_on_halves(engine: NEREngine, path: str | Path, strategies: Sequence[str], batch_size: int = 16,
@@ -145,14 +152,25 @@ def calibrate_on_halves(engine: NEREngine, path: str | Path, strategies: Sequenc
     found = []
     for strategy in strategies:
         options = engine.options(None, strategy, None)
-        scored = {half: scored_mentions(engine, examples[:limit], options, batch_size)
+        scored = {half: scored_mentions(engine, examples[:limit], options, batch_size, f"{strategy} {half} half")
                   for half, examples in (("choose", halves.choose), ("report", halves.report))}
-        calibration = fit_calibration(scored["choose"][0])
-        ece = {half: (reliability(mentions)[1], reliability(calibrated_mentions(mentions, calibration))[1])
-               for half, (mentions, _) in scored.items()}
+        calibration, ece, not_carried = fit_where_it_carries(scored["choose"][0], scored["report"][0])
         report, gold = scored["report"]
-        found.append(StrategyCalibration(strategy, calibration, ece, at_thresholds(calibrated_mentions(report, calibration), gold)))
+        found.append(StrategyCalibration(strategy, calibration, ece, at_thresholds(calibrated_mentions(report, calibration), gold), not_carried))
     return found
+
+
+def fit_where_it_carries(choose: Sequence[ScoredMention], report: Sequence[ScoredMention]
+                         ) -> tuple[ScoreCalibration, dict[str, tuple[float, float]], tuple[ScoreCalibration, float] | None]:
+    """The map fitted on ``choose``, the ECE of each half before and after it, and None; or, where
+    it makes ``report``'s ECE worse, the identity (raw scores), the ECE unchanged, and the fitted
+    map with the ECE it gave ``report``: a setting that does not carry to the other half is not kept."""
+    calibration = fit_calibration(choose)
+    ece = {half: (reliability(mentions)[1], reliability(calibrated_mentions(mentions, calibration))[1])
+           for half, mentions in (("choose", choose), ("report", report))}
+    if ece["report"][1] <= ece["report"][0]:
+        return calibration, ece, None
+    return ScoreCalibration(), {half: (raw, raw) for half, (raw, _) in ece.items()}, (calibration, ece["report"][1])
 
 
 def calibration_table(found: Sequence[StrategyCalibration]) -> str:
@@ -164,5 +182,11 @@ def calibration_table(found: Sequence[StrategyCalibration]) -> str:
         cells = " | ".join(f"{row['precision']:.1f} / {row['recall']:.1f}" for row in f.report_thresholds)
         lines.append(f"| {f.strategy} | {f.calibration.slope:.3f} | {f.calibration.intercept:.3f} | "
                      f"{f.ece['choose'][0]:.3f} -> {f.ece['choose'][1]:.3f} | {f.ece['report'][0]:.3f} -> {f.ece['report'][1]:.3f} | {cells} |")
+    for f in found:
+        if f.not_carried:
+            fitted, worse = f.not_carried
+            lines.append(f"\n{f.strategy}: the map fitted on the choosing half (slope {fitted.slope:.3f}, intercept "
+                         f"{fitted.intercept:.3f}) made the reporting half's ECE worse ({f.ece['report'][0]:.3f} -> {worse:.3f}): "
+                         "not kept, its scores stay raw.")
     return "\n".join(lines)
 

@@ -10,3 +10,7 @@ DEFAULT_STRATEGY = "padellm"
 #: The token decoder of mention (and AR) answers unless a call names one: copy drafting gives
 #: greedy's tokens (lossless) in fewer forwards, since mentions are copied from the text.
 DEFAULT_DECODER = "copy"
+#: How many mentions past a count PaDeLLM may ask one after another, each while the model's
+#: answer past the count is a new mention (:class:`StrategyOptions`): a count too low by more
+#: than one, found by the model's own "no further mention" answer rather than a per-label bias.
+PAST_COUNT_ROUNDS = 0

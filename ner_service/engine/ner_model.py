@@ -174,17 +174,23 @@ class NERModel:
             model, tokenizer = load_causal_lm(folder, dtype=dtype, device=device)
         else:
             import copy
-            import warnings
 
-            from peft import PeftModel
-
-            from general_decoding.lexical_units import placeholder_adapter
+            from ner_service.engine.lora_merge import merge_lora, mergeable
 
             if bases is None:
                 base, tokenizer = load_base(config.base, dtype, device)
             else:
                 shared, shared_tokenizer = bases.get(config.base)
                 base, tokenizer = shared_copy(shared), copy.deepcopy(shared_tokenizer)
+            if config.lud_placeholder is None and mergeable(folder):  # the usual case: merged from the adapter's files
+                merge_lora(base, folder)
+                return cls._finished(base.eval(), tokenizer, config, folder)
+            import warnings
+
+            from peft import PeftModel
+
+            from general_decoding.lexical_units import placeholder_adapter
+
             with warnings.catch_warnings():  # peft asks transformers for an attribute it deprecated; nothing to act on here
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
                 adapted = PeftModel.from_pretrained(base, folder)
@@ -199,6 +205,11 @@ class NERModel:
             else:  # a lexical-unit adapter stays unmerged: it applies at placeholder columns only
                 model = adapted.get_base_model().eval()
                 placeholder_adapter(model, tokenizer.convert_tokens_to_ids(config.lud_placeholder))
+        return cls._finished(model, tokenizer, config, folder)
+
+    @classmethod
+    def _finished(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: NERModelConfig, folder: Path) -> "NERModel":
+        """The loaded model with its tokenizer set as the model was trained."""
         if config.eos_token and tokenizer.eos_token != config.eos_token:
             # tokenizer versions disagree on a GGUF's end token: answers end with the one trained on
             log.warning("end token %r of the base tokenizer replaced by %r, as trained", tokenizer.eos_token, config.eos_token)

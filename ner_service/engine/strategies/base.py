@@ -28,7 +28,9 @@ class StrategyOptions:
     PaDeLLM feeds with the count queries (:mod:`.padellm`); ``diffusion_sampler`` samples
     Fast-dLLM's answers (None: the default sampler); ``restricted_output`` computes PaDeLLM's
     count and mention logits over the tokens their answers may take only
-    (:mod:`ner_service.engine.answer_vocabulary`; False: the whole output layer, the old path)."""
+    (:mod:`ner_service.engine.answer_vocabulary`; False: the whole output layer, the old path);
+    ``past_count_rounds``: how many mentions past a count PaDeLLM asks one after another while a
+    model trained with past-count queries keeps answering a new one (0: only the one past it)."""
 
     count_bias: CountBias = CountBias()
     repair_duplicates: bool = True
@@ -36,6 +38,7 @@ class StrategyOptions:
     speculated_counts: tuple[int, ...] = ()
     diffusion_sampler: "BlockDiffusionSampler | None" = None
     restricted_output: bool = False
+    past_count_rounds: int = 0
 
 
 class Strategy(ABC):

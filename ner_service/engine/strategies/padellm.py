@@ -107,6 +107,8 @@ class PaDeLLM(Strategy):
                 again = mention_queries(longer, past_count)
                 queries += again
                 answers += self._ask(runner, again, [], decoder, stats)[0]
+            if past_count and self.options.past_count_rounds:
+                queries, answers = self._ask_past_new_mentions(runner, windows, queries, answers, decoder, stats)
         with stats.phase("repair"):
             Repairs(self.ner_model, self.options).apply(runner, windows, queries, answers, decoder, stats)
         found: list[list[Mention]] = [[] for _ in windows]
@@ -116,6 +118,29 @@ class PaDeLLM(Strategy):
             mention = answer.mention
             found[query.window_index].append(replace(mention, logprob=counted.held_logprob(query) + mention.logprob))
         return found
+
+    def _ask_past_new_mentions(self, runner: QueryRunner, windows: list[Window], queries: list[MentionQuery], answers: list[Answer], decoder: Decoder,
+                               stats: ExtractionStats) -> tuple[list[MentionQuery], list[Answer]]:
+        """A count too low by more than one: while the answer past a label's count names a mention
+        its other answers do not, ask the one past that (its count raised by one), at most
+        ``past_count_rounds`` times (and never more mentions than the window has characters). The model's own empty answer past a count ends the chain, so
+        no per-label setting decides how far it goes; each round is one batch of the labels still
+        finding mentions, over the same cached prefixes."""
+        queries, answers = list(queries), list(answers)
+        for _ in range(self.options.past_count_rounds):
+            texts: dict[WindowLabel, list[str]] = {}
+            last: dict[WindowLabel, tuple[MentionQuery, Answer]] = {}
+            for query, answer in zip(queries, answers):
+                texts.setdefault(query.window_label, []).append(answer.mention.text)
+                if query.past_count and (query.window_label not in last or query.k > last[query.window_label][0].k):
+                    last[query.window_label] = (query, answer)
+            further = [MentionQuery(q.window_index, q.label, q.k, q.k + 1) for key, (q, a) in last.items()
+                       if a.mention.text and texts[key].count(a.mention.text) == 1 and q.k < len(windows[q.window_index].text)]
+            if not further:
+                break
+            queries += further
+            answers += self._ask(runner, further, [], decoder, stats)[0]
+        return queries, answers
 
     def _speculated(self, windows: list[Window], labels: list[str]) -> list[list[int]]:
         """The branches the counts of ``speculated_counts`` lead to, for a lone window: each
