@@ -15,22 +15,23 @@ from ner_service.engine.ner_model import NERModel, load_base, resolve_ner_model
 pytestmark = pytest.mark.slow
 
 
-def _peft_merged(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _peft_merged(folder: Path, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The base's parameters, and peft's merge of the adapter into them."""
     from peft import PeftModel
 
     base, _ = load_base("gemma3-270m", dtype)
-    return dict(PeftModel.from_pretrained(base, folder).merge_and_unload().named_parameters())
+    before = {name: tensor.detach().clone() for name, tensor in base.named_parameters()}
+    return before, dict(PeftModel.from_pretrained(base, folder).merge_and_unload().named_parameters())
 
 
 def test_the_shipped_adapter_merged_from_its_files_has_the_weights_of_peft_merge(en_engine) -> None:
     folder = resolve_ner_model("en-conll03")
     assert mergeable(folder)
     merged = dict(en_engine.ner_model.model.named_parameters())  # float32, merged by lora_merge
-    reference = _peft_merged(folder, torch.float32)
+    base, reference = _peft_merged(folder, torch.float32)
     assert merged.keys() == reference.keys()
     for name, tensor in merged.items():
         torch.testing.assert_close(tensor, reference[name], rtol=1e-5, atol=1e-6, msg=name)
-    base = dict(load_base("gemma3-270m", torch.float32)[0].named_parameters())
     changed = [name for name in merged if not torch.equal(merged[name], base[name])]
     assert any(name.endswith("mlp.down_proj.weight") for name in changed)  # a LoRA target
     assert any(name.endswith("input_layernorm.weight") for name in changed)  # a module saved whole

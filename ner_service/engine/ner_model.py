@@ -31,9 +31,9 @@ DEFAULT_MODEL = "en-conll03"
 #: The shipped model that serves each language by default.
 DEFAULT_MODELS = {"en": DEFAULT_MODEL, "zh": "zh-resume"}
 #: The shipped models a server offers unless ``NER_MODELS`` says otherwise: each language's
-#: default and the current model of each other kind (Weibo posts, lexical units, diffusion);
+#: default and the current model of each other kind (Weibo posts, lexical units, diffusion, any labels);
 #: earlier versions and other bases stay loadable by the command line and by ``NER_MODELS``.
-CURRENT_MODELS = (*DEFAULT_MODELS.values(), "zh-weibo", "en-conll03-lud", "en-conll03-diffusion")
+CURRENT_MODELS = (*DEFAULT_MODELS.values(), "zh-weibo", "en-conll03-lud", "en-conll03-diffusion", "open")
 SELF_CONTAINED = "."
 #: The sub-folder of a lexical-unit model stored over a public base that holds its placeholder
 #: adapter (unmerged); the folder's own adapter, merged, is the rest of its change from the base.
