@@ -168,14 +168,16 @@ class NEREngine:
                 Entity(e.start + window.offset, e.end + window.offset, e.text, asked.get(e.label, e.label), e.score) for e in entities
             )
         stats.latency_ms = (time.perf_counter() - began) * 1000
-        calibration = self.score_calibrations.get(strategy.name, ScoreCalibration())
-        return [Extraction(text, calibrated(self.text_entities(text, found), calibration), stats) for text, found in zip(texts, per_text)]
+        return [Extraction(text, self.text_entities(text, found, strategy.name), stats, found) for text, found in zip(texts, per_text)]
 
-    def text_entities(self, text: str, found: list[Entity]) -> list[Entity]:
+    def text_entities(self, text: str, found: list[Entity], strategy: str) -> list[Entity]:
         """A text's entities from those found in its windows (or in the pieces the API cut it
-        into), offsets in ``text``: flat, and consistent where the model says so."""
+        into), offsets in ``text``: flat, consistent where the model says so, and their scores
+        calibrated for ``strategy``."""
         entities = resolve_overlaps(found, self.ner_model.config.shorter_span_margin)
-        return consistent_entities(text, entities) if self.document_consistency else entities
+        if self.document_consistency:
+            entities = consistent_entities(text, entities)
+        return calibrated(entities, self.score_calibrations.get(strategy, ScoreCalibration()))
 
 
 def calibrated(entities: list[Entity], calibration: ScoreCalibration) -> list[Entity]:

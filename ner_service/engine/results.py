@@ -73,11 +73,14 @@ class ExtractionStats:
 
 @dataclass
 class Extraction:
-    """Entities of one text."""
+    """Entities of one text. ``found`` keeps them as the text's windows gave them (raw scores,
+    overlaps unresolved; None: ``entities``), so that the pieces the API cut a text into are made
+    one text's entities exactly as its windows would be (:meth:`NEREngine.text_entities`)."""
 
     text: str
     entities: list[Entity]
     stats: ExtractionStats = field(default_factory=ExtractionStats)
+    found: list[Entity] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, object]:
         return {"entities": [e.to_dict() for e in self.entities], "stats": self.stats.to_dict()}
@@ -88,7 +91,7 @@ class Extraction:
         threshold = checked_threshold(threshold)
         if threshold == 0:
             return self
-        return Extraction(self.text, [e for e in self.entities if e.score >= threshold], self.stats)
+        return Extraction(self.text, [e for e in self.entities if e.score >= threshold], self.stats, self.found)
 
 
 def checked_threshold(threshold: float | None) -> float:

@@ -68,11 +68,13 @@ def pieces_of(texts: list[str], piece_tokens: int, long_text_tokens: int) -> lis
 
 def merged(text: str, parts: list[tuple[Piece, Extraction]], text_entities: Callable[[str, list[Entity]], list[Entity]]) -> Extraction:
     """One text's extraction from its pieces' (a whole text's is returned as it is): their
-    entities moved to their place in ``text``, then made the text's by ``text_entities`` (the
-    engine's :meth:`~ner_service.engine.NEREngine.text_entities`, which keeps a name's label one
-    across the pieces where the model says so)."""
+    entities as the model found them (:attr:`Extraction.found`) moved to their place in ``text``,
+    then made the text's by ``text_entities`` (the engine's
+    :meth:`~ner_service.engine.NEREngine.text_entities`, which keeps a name's label one across
+    the pieces where the model says so, as it does across a whole text's windows)."""
     if len(parts) == 1 and not parts[0][0].split:
         return parts[0][1]
-    entities = [replace(e, start=e.start + piece.offset, end=e.end + piece.offset) for piece, part in parts for e in part.entities]
+    entities = [replace(e, start=e.start + piece.offset, end=e.end + piece.offset) for piece, part in parts
+                for e in (part.entities if part.found is None else part.found)]
     stats = ExtractionStats.combined([part.stats for _, part in parts])
-    return Extraction(text, text_entities(text, entities), stats)
+    return Extraction(text, text_entities(text, entities), stats, entities)
