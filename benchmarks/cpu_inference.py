@@ -77,7 +77,7 @@ class Arm:
 
 class Meter:
     """Times and counts the matrix products of a model: its decoder stack's forwards (tokens fed)
-    and its output layer, the whole one (a hook on it) or restricted rows (``RowVocabulary.logprobs``)."""
+    and its output layer, the whole one (a hook on it) or restricted rows (``RowVocabulary.sparse_logprobs``)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         stack, head = model.get_decoder(), model.get_output_embeddings()
@@ -117,8 +117,9 @@ class Meter:
 
 @contextmanager
 def metered_restriction(meters: dict[int, Meter]):
-    """Route :meth:`RowVocabulary.logprobs` through the meter of the head it multiplies by."""
-    original = row_vocabulary.RowVocabulary.logprobs
+    """Route :meth:`RowVocabulary.sparse_logprobs` (which ``logprobs`` calls) through the meter of
+    the head it multiplies by."""
+    original = row_vocabulary.RowVocabulary.sparse_logprobs
 
     def timed(self, hidden, head, softcap=None):
         began = time.perf_counter()
@@ -128,11 +129,11 @@ def metered_restriction(meters: dict[int, Meter]):
             meter.restricted(time.perf_counter() - began, hidden.shape[0] * hidden.shape[1], len(self.ids))
         return out
 
-    row_vocabulary.RowVocabulary.logprobs = timed
+    row_vocabulary.RowVocabulary.sparse_logprobs = timed
     try:
         yield
     finally:
-        row_vocabulary.RowVocabulary.logprobs = original
+        row_vocabulary.RowVocabulary.sparse_logprobs = original
 
 
 def matmul_peak(dtype: torch.dtype, threads: int, size: int = 2048, repeats: int = 5) -> float:

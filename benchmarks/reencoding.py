@@ -14,7 +14,7 @@ import torch
 
 from general_decoding import Decoder, Generation, StopCriteria, TokenConstraint, get_decoder, left_pad
 from general_decoding.base import position_ids_from_mask
-from general_decoding.row_vocabulary import next_logprobs
+from general_decoding.row_vocabulary import SparseLogprobs, next_logprobs
 from ner_service.engine import NEREngine, prompts
 from ner_service.engine.chunking import Window
 from ner_service.engine.group_decoding import GroupInputs, batches, count_generation, decode_groups
@@ -36,7 +36,7 @@ class ReencodingRunner:
         """Answers' logits over the tokens ``vocabulary`` gives each branch, as the engine's runner computes them."""
         self.vocabulary = vocabulary
 
-    def encode(self, branches: list[list[int]], stats: ExtractionStats) -> torch.Tensor:
+    def encode(self, branches: list[list[int]], stats: ExtractionStats) -> SparseLogprobs:
         ids, mask = left_pad([p + b for p in self.prefixes for b in branches], self.ner_model.pad_token_id)
         device = self.ner_model.device
         rows = None if self.vocabulary is None else self.vocabulary.rows([(w, b) for w in range(len(self.prefixes)) for b in branches])
@@ -44,7 +44,7 @@ class ReencodingRunner:
             logits = next_logprobs(self.ner_model.model, rows, 1, input_ids=ids.to(device), attention_mask=mask.to(device),
                                    position_ids=position_ids_from_mask(mask).to(device))[:, -1]
         stats.forward_passes += 1
-        return logits.view(len(self.prefixes), len(branches), -1)
+        return SparseLogprobs.dense(logits.view(len(self.prefixes), len(branches), -1))
 
     def decode(self, branches: list[Branch], decoder: Decoder, max_new_tokens: int, stats: ExtractionStats,
                constraints: Sequence[TokenConstraint] = ()) -> Generation:

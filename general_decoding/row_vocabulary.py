@@ -8,7 +8,9 @@ the token ids its next token may be; :meth:`RowVocabulary.logprobs` multiplies t
 by the union of those rows of the output layer only (gathered once per vocabulary), rules out
 each row's tokens that are not its own, and normalises over what is left. The result has the
 whole vocabulary's layout (every other token ``-inf``), so that decoders, constraints and stop
-tokens index it by token id as before.
+tokens index it by token id as before; :meth:`RowVocabulary.sparse_logprobs` keeps it over the
+union's columns only (:class:`SparseLogprobs`), for a caller that chooses tokens without
+writing and reading 262,144 columns a row for the few hundred computed.
 
 A row's distribution is normalised over its own tokens only, so a row's tokens and scores do not
 depend on the other rows of its batch. What the whole output layer would have given the tokens
@@ -23,9 +25,72 @@ layer). Decoders that take a vocabulary say so (``Decoder.supports_vocabulary``)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
+
+
+@dataclass(frozen=True)
+class SparseLogprobs:
+    """Next-token log-probabilities over some token ids of a vocabulary, ``-inf`` for every
+    other: ``values[..., j]`` is token ``ids[j]``'s (``ids`` sorted). Indexing selects rows over
+    the leading dimensions; the vocabulary stays whole."""
+
+    values: torch.Tensor
+    ids: torch.Tensor
+    vocab_size: int
+
+    @classmethod
+    def dense(cls, logprobs: torch.Tensor) -> "SparseLogprobs":
+        """Log-probabilities over a whole vocabulary (``[..., vocab_size]``) in this form."""
+        return cls(logprobs, torch.arange(logprobs.shape[-1], device=logprobs.device), logprobs.shape[-1])
+
+    def __getitem__(self, rows: object) -> "SparseLogprobs":
+        return replace(self, values=self.values[rows])
+
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
+    def flat(self) -> "SparseLogprobs":
+        """The rows of every leading dimension in one."""
+        return replace(self, values=self.values.reshape(-1, self.values.shape[-1]))
+
+    def to_dense(self) -> torch.Tensor:
+        """A new ``[..., vocab_size]`` tensor: the whole vocabulary's layout, which token
+        constraints index by token id."""
+        if len(self.ids) == self.vocab_size:
+            return self.values.clone()
+        out = self.values.new_full((*self.values.shape[:-1], self.vocab_size), float("-inf"))
+        return out.index_copy_(-1, self.ids, self.values)
+
+    def columns(self, token_ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's column in :attr:`values`, and whether the token is there at all."""
+        tokens = torch.as_tensor(token_ids, dtype=torch.long, device=self.ids.device)
+        found = torch.searchsorted(self.ids, tokens).clamp_(max=len(self.ids) - 1)
+        return found, self.ids[found] == tokens
+
+    def of(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """``[..., len(token_ids)]``: each row's log-probability of each of these tokens."""
+        found, present = self.columns(token_ids)
+        return self.values[..., found].masked_fill(~present, float("-inf"))
+
+    def picked(self, token_ids: Sequence[int] | torch.Tensor) -> list[float]:
+        """Row i's log-probability of token ``token_ids[i]`` (rows of a 2-D :attr:`values`)."""
+        found, present = self.columns(token_ids)
+        rows = torch.arange(len(found), device=found.device)
+        return self.values[rows, found].masked_fill(~present, float("-inf")).tolist()
+
+    def add(self, token_ids: Sequence[int], amounts: Sequence[float]) -> None:
+        """Add ``amounts[j]`` to every row's log-probability of ``token_ids[j]``, in place (a
+        token not here keeps ``-inf``)."""
+        found, present = self.columns(token_ids)
+        added = torch.as_tensor(amounts, dtype=self.values.dtype, device=self.values.device)
+        self.values[..., found[present]] += added[present]
+
+    def argmax(self) -> torch.Tensor:
+        """Each row's most probable token id."""
+        return self.ids[self.values.argmax(-1)]
 
 
 class RowVocabulary:
@@ -89,6 +154,10 @@ class RowVocabulary:
         """``[rows, positions, vocab_size]`` float32 log-probabilities of the next token after each
         of ``hidden`` (``[rows, positions, hidden]``, row i of this vocabulary): each row's over its
         own tokens, ``-inf`` elsewhere. ``softcap``: the model's final logit soft-capping, if any."""
+        return self.sparse_logprobs(hidden, head, softcap).to_dense()
+
+    def sparse_logprobs(self, hidden: torch.Tensor, head: nn.Module, softcap: float | None = None) -> SparseLogprobs:
+        """:meth:`logprobs` over the columns of :attr:`ids` only."""
         if hidden.shape[0] != len(self):
             raise ValueError(f"{hidden.shape[0]} rows of hidden states for a vocabulary of {len(self)} rows")
         weight, bias = self._head_rows(head)
@@ -97,8 +166,7 @@ class RowVocabulary:
             logits = torch.tanh(logits / softcap) * softcap
         member = self.member.to(logits.device)[:, None, :]
         kept = logits.masked_fill_(~member, float("-inf")).log_softmax(-1)
-        out = kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf"))
-        return out.index_copy_(-1, self.ids.to(kept.device), kept)
+        return SparseLogprobs(kept, self.ids.to(kept.device), self.vocab_size)
 
 
 def output_softcap(model: nn.Module) -> float | None:

@@ -16,7 +16,7 @@ import torch
 
 from corpora import read_corpus
 from general_decoding import StopCriteria, get_decoder, left_pad
-from general_decoding.row_vocabulary import RowVocabulary
+from general_decoding.row_vocabulary import RowVocabulary, SparseLogprobs
 from ner_service.engine import NEREngine, prompts
 from ner_service.engine import cpu
 from ner_service.engine.answer_vocabulary import AnswerVocabulary, model_answer_tokens
@@ -105,6 +105,29 @@ def test_a_row_vocabulary_gives_the_whole_layers_log_probabilities_renormalised_
     assert torch.allclose(again[~torch.isneginf(again)], got[[2, 1]][~torch.isneginf(again)], atol=1e-5)
     with pytest.raises(ValueError):
         RowVocabulary([torch.tensor([size])], size)
+
+
+def test_sparse_log_probabilities_answer_as_the_whole_layout_does(tiny_engine: NEREngine) -> None:
+    """The engine chooses tokens and scores over a row vocabulary's own columns: what it reads
+    there is what the whole vocabulary's layout holds at those token ids."""
+    head = tiny_engine.ner_model.model.get_output_embeddings()
+    size = head.weight.shape[0]
+    torch.manual_seed(1)
+    hidden = torch.randn(3, 1, head.weight.shape[1], dtype=head.weight.dtype)
+    vocabulary = RowVocabulary([torch.tensor([5, 17, 3, 200]), torch.tensor([1, 2]), torch.tensor([3, 5])], size)
+    sparse = vocabulary.sparse_logprobs(hidden, head)[:, 0]
+    dense = vocabulary.logprobs(hidden, head)[:, 0]
+    assert sparse.values.shape == (3, 6) and torch.equal(sparse.to_dense(), dense)
+    assert sparse.argmax().tolist() == dense.argmax(-1).tolist()
+    assert sparse.picked([5, 17, 9]) == [float(dense[0, 5]), float("-inf"), float("-inf")]  # 17 is not row 1's, 9 no row's
+    assert torch.equal(sparse.of([3, 9, 200]), dense[:, [3, 9, 200]])
+    sparse[1:].add([5, 9, 1], [2.0, 1.0, 0.5])  # in place, rows 1 and 2 only
+    dense[1:, 5] += 2.0
+    dense[1:, 1] += 0.5
+    assert torch.equal(sparse.to_dense(), dense)
+    whole = SparseLogprobs.dense(dense)
+    assert whole.argmax().tolist() == sparse.argmax().tolist() and whole.picked([3, 1, 5]) == sparse.picked([3, 1, 5])
+    assert whole.to_dense() is not whole.values  # a copy, which constraints may change
 
 
 @pytest.mark.parametrize("decoder", ["greedy", "copy"])

@@ -149,7 +149,7 @@ def count_scores(engine: NEREngine, examples: Sequence[Example], batch_size: int
             batch = examples[start:start + batch_size]
             windows = engine.windows([e.text for e in batch])
             if windows:
-                log_probs = strategy.count_log_probs(SharedPrefixRunner(engine.ner_model, windows), windows, labels, ExtractionStats())
+                log_probs = strategy.count_log_probs(SharedPrefixRunner(engine.ner_model, windows), windows, labels, ExtractionStats()).to_dense()
                 digits.append(log_probs[:, digit_tokens])
                 log_probs[:, digit_tokens] = float("-inf")
                 other.append(log_probs.max(-1).values)

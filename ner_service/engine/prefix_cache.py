@@ -5,8 +5,8 @@ forward.
 Short windows share a row of the cache (packed first-fit); ``mask[w]`` marks the cached
 columns of window w's prefix, and every cached branch path keeps its column, so that a later
 branch continues the longest cached path it begins with instead of feeding it again. The
-next-token logits after each encoded branch are kept: a branch encoded whole needs no forward
-to get its first answer token.
+next-token log-probabilities after each encoded branch are kept: a branch encoded whole needs no
+forward to get its first answer token.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from transformers import Cache, DynamicCache
 
 from general_decoding.kv_cache import select_rows
-from general_decoding.row_vocabulary import RowVocabulary, output_softcap
+from general_decoding.row_vocabulary import RowVocabulary, SparseLogprobs, output_softcap
 from general_decoding.tree_attention import build_trie, chain_with_trie, collate_forest_rows, pack_rows
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window
@@ -38,22 +38,24 @@ class Continuation:
 class PrefixCache:
     """The windows' prefix tokens, their KV cache, which cache row holds each window
     (``row_of``), which columns are its prefix (``mask``, on the CPU), the column of every cached branch
-    path (``paths[w]``) and the next-token logits after each encoded branch (``logits[w]``)."""
+    path (``paths[w]``), and the next-token log-probabilities after each encoded branch
+    (``logprobs``, a row each: ``logprob_rows[w][path]``)."""
 
     tokens: list[list[int]]
     cache: Cache
     mask: torch.Tensor
     row_of: list[int]
+    logprobs: SparseLogprobs
     paths: list[dict[tuple[int, ...], int]] = field(default_factory=list)
-    logits: list[dict[tuple[int, ...], torch.Tensor]] = field(default_factory=list)
+    logprob_rows: list[dict[tuple[int, ...], int]] = field(default_factory=list)
 
     @classmethod
     def encode(cls, ner_model: NERModel, windows: list[Window], branches: list[list[int]], one_row: bool = False,
                vocabulary: RowVocabulary | None = None) -> "PrefixCache":
         """One forward over every window's prefix with ``branches`` behind it, merged into a trie
         (``one_row``: every window in one row, for a decoder that ``shares_cache``). With
-        ``vocabulary`` (a row per window and branch, window by window), the logits kept are
-        log-probabilities over each row's tokens only (``-inf`` elsewhere)."""
+        ``vocabulary`` (a row per window and branch, window by window), the log-probabilities kept
+        are over each row's tokens only (``-inf`` elsewhere)."""
         model, device = ner_model.model, ner_model.device
         tokens = [prompts.prefix_ids(ner_model.tokenizer, w.text) for w in windows]
         trie = build_trie(branches)
@@ -77,16 +79,16 @@ class PrefixCache:
                 [row_of[w] for w in range(len(windows)) for _ in ends],
                 [start[w] + len(p) + end for w, p in enumerate(tokens) for end in ends]]
             if vocabulary is None:
-                logits = model.get_output_embeddings()(hidden)
+                logprobs = SparseLogprobs.dense(torch.log_softmax(model.get_output_embeddings()(hidden).float(), dim=-1))
             else:
-                logits = vocabulary.logprobs(hidden[:, None], model.get_output_embeddings(), output_softcap(model))[:, 0]
+                logprobs = vocabulary.sparse_logprobs(hidden[:, None], model.get_output_embeddings(), output_softcap(model))[:, 0]
         mask = torch.zeros(len(windows), ids.shape[1], dtype=torch.long)  # host-side bookkeeping, like the masks built from it
-        prefix_cache = cls(tokens, out.cache, mask, row_of)
+        prefix_cache = cls(tokens, out.cache, mask, row_of, logprobs)
         for w, p in enumerate(tokens):
             mask[w, start[w]:start[w] + len(p)] = 1
             first_node = start[w] + len(p)
             prefix_cache.paths.append({path: first_node + node for node, path in enumerate(node_paths)})
-            prefix_cache.logits.append({node_paths[end]: logits[w * len(ends) + b] for b, end in enumerate(ends)})
+            prefix_cache.logprob_rows.append({node_paths[end]: w * len(ends) + b for b, end in enumerate(ends)})
         return prefix_cache
 
     @property
@@ -109,9 +111,15 @@ class PrefixCache:
         columns = tuple(paths[tuple(branch.tokens[:i])] for i in range(1, cached + 1))
         return Continuation(branch.tokens[cached:], columns)
 
-    def cached_logits(self, branch: Branch) -> torch.Tensor | None:
-        """The next-token logits after ``branch`` when it was encoded whole, else None."""
-        return self.logits[branch.window_index].get(tuple(branch.tokens))
+    def cached_logprobs(self, branch: Branch) -> SparseLogprobs | None:
+        """The next-token log-probabilities after ``branch`` (one row) when it was encoded whole, else None."""
+        row = self.logprob_rows[branch.window_index].get(tuple(branch.tokens))
+        return None if row is None else self.logprobs[row:row + 1]
+
+    def encoded_logprobs(self, branches: list[list[int]]) -> SparseLogprobs:
+        """``[windows, branches]`` rows: the next-token log-probabilities after each of
+        ``branches`` (all encoded whole) behind each window's prefix."""
+        return self.logprobs[torch.tensor([[rows[tuple(b)] for b in branches] for rows in self.logprob_rows])]
 
     def path_columns(self, window_index: int, tokens: list[int]) -> tuple[int, ...]:
         """The cached columns of a branch path encoded whole."""

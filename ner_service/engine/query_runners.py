@@ -2,7 +2,7 @@
 cached prefixes.
 
 A :class:`QueryRunner` answers what a strategy asks of a batch of windows: first, the
-next-token logits after some branches encoded with the prefixes (the count queries, and the
+next-token log-probabilities after some branches encoded with the prefixes (the count queries, and the
 mention queries the most likely counts lead to); then any set of
 :class:`~ner_service.engine.queries.Branch` es decoded behind their windows' prefixes.
 
@@ -28,7 +28,7 @@ from general_decoding import Decoder, DraftVerifyDecoder, Generation, StopCriter
 from general_decoding.constraints import admissible_draft, continued
 from general_decoding.copy_draft import copy_candidates
 from general_decoding.kv_cache import release_after
-from general_decoding.row_vocabulary import RowVocabulary
+from general_decoding.row_vocabulary import RowVocabulary, SparseLogprobs
 from ner_service.engine.branch_forward import BranchForward, BranchRow, Node
 from ner_service.engine.chunking import Window
 from ner_service.engine.group_decoding import GroupInputs, batches, count_generation, decode_groups, empty_generation
@@ -44,11 +44,20 @@ if TYPE_CHECKING:
 MENTION_DRAFT_TOKENS = 4
 
 
+def chosen(logprobs: SparseLogprobs, constraints: Sequence[TokenConstraint], rows: Sequence[int],
+           outputs: Sequence[Sequence[int]]) -> list[int]:
+    """The token each row of ``logprobs`` emits (:func:`~general_decoding.choose`): the most
+    probable one; within ``constraints``, in the whole vocabulary's layout they index."""
+    if not constraints:
+        return logprobs.argmax().tolist()
+    return choose(logprobs.to_dense(), constraints, rows, outputs).tolist()
+
+
 class QueryRunner(Protocol):
     """Runs a strategy's queries behind the prefixes of one batch's windows."""
 
-    def encode(self, branches: list[list[int]], stats: ExtractionStats) -> torch.Tensor:
-        """``[windows, branches, vocabulary]`` next-token logits after each branch behind each prefix."""
+    def encode(self, branches: list[list[int]], stats: ExtractionStats) -> SparseLogprobs:
+        """``[windows, branches]`` rows: the next-token log-probabilities after each branch behind each prefix."""
 
     def decode(self, branches: list[Branch], decoder: Decoder, max_new_tokens: int, stats: ExtractionStats,
                constraints: Sequence[TokenConstraint] = ()) -> Generation:
@@ -71,11 +80,11 @@ class SharedPrefixRunner:
     def _rows(self, branches: Sequence[tuple[int, Sequence[int]]]) -> RowVocabulary | None:
         return None if self.vocabulary is None or not branches else self.vocabulary.rows(branches)
 
-    def encode(self, branches: list[list[int]], stats: ExtractionStats) -> torch.Tensor:
+    def encode(self, branches: list[list[int]], stats: ExtractionStats) -> SparseLogprobs:
         vocabulary = self._rows([(w, b) for w in range(len(self.windows)) for b in branches])
         self.prefix = PrefixCache.encode(self.ner_model, self.windows, branches, self.one_row, vocabulary)
         stats.forward_passes += 1
-        return torch.stack([torch.stack([logits[tuple(b)] for b in branches]) for logits in self.prefix.logits])
+        return self.prefix.encoded_logprobs(branches)
 
     def decode(self, branches: list[Branch], decoder: Decoder, max_new_tokens: int, stats: ExtractionStats,
                constraints: Sequence[TokenConstraint] = ()) -> Generation:
@@ -131,15 +140,14 @@ class SharedPrefixRunner:
         asked: list[int] = []  # rows whose first token this forward gives
         known: list[int] = []  # rows whose first token the cached logits gave, fed with drafts
         for r, branch in enumerate(branches):
-            cached = prefix.cached_logits(branch)
+            cached = prefix.cached_logprobs(branch)
             if cached is None:
                 continuation = prefix.continuation(branch)
                 fed[r] = BranchRow(branch.window_index, continuation.columns, [continuation.tokens])
                 asked.append(r)
                 continue
-            logprobs = torch.log_softmax(cached.float(), dim=-1)[None]
-            token = int(choose(logprobs.clone() if constraints else logprobs, constraints, [r], [[]])[0])
-            if self._emit(result, r, token, float(logprobs[0, token]), stop):
+            (token,) = chosen(cached, constraints, [r], [[]])
+            if self._emit(result, r, token, cached.picked([token])[0], stop):
                 candidates = copy_candidates(prefix.tokens[branch.window_index], token, MENTION_DRAFT_TOKENS) if drafts else []
                 if constraints:
                     candidates = [c for c in (admissible_draft(c, constraints, r, [token]) for c in candidates) if c]
@@ -157,9 +165,9 @@ class SharedPrefixRunner:
         if asked:
             nodes = [forward.answer_node(index[r]) for r in asked]
             logprobs = forward.logprobs(nodes, vocabulary.rows(asked) if vocabulary is not None else None)
-            first = choose(logprobs.clone() if constraints else logprobs, constraints, asked, [[] for _ in asked]).tolist()
-            for r, node, token, row_lp in zip(asked, nodes, first, logprobs):
-                if self._emit(result, r, token, float(row_lp[token]), stop):
+            first = chosen(logprobs, constraints, asked, [[] for _ in asked])
+            for r, node, token, logprob in zip(asked, nodes, first, logprobs.picked(first)):
+                if self._emit(result, r, token, logprob, stop):
                     last[r], pending[r] = node, token
         for r in known:
             node, token = self._verify(forward, index[r], result, r, stop, constraints, vocabulary)
@@ -188,16 +196,17 @@ class SharedPrefixRunner:
         ``constraints``) was fed; emit them and the one after. Returns the last fed node on the way
         and that last token when the row goes on, else ``(None, stop token)``."""
         nodes = forward.subtree(fed_row)
-        logprobs = dict(zip(nodes, forward.logprobs(nodes, vocabulary.rows([row] * len(nodes)) if vocabulary is not None else None)))
+        logprobs = forward.logprobs(nodes, vocabulary.rows([row] * len(nodes)) if vocabulary is not None else None)
+        row_of = {node: index for index, node in enumerate(nodes)}
         node = forward.answer_node(fed_row)
         while True:
-            row_lp = logprobs[node][None]
-            token = int(choose(row_lp.clone() if constraints else row_lp, constraints, [row], [result.tokens[row]])[0])
-            goes_on = self._emit(result, row, token, float(row_lp[0, token]), stop)
+            row_lp = logprobs[row_of[node]:row_of[node] + 1]
+            (token,) = chosen(row_lp, constraints, [row], [result.tokens[row]])
+            goes_on = self._emit(result, row, token, row_lp.picked([token])[0], stop)
             following = forward.child(node, token)
             if not goes_on:
                 return None, token
-            if following is None or following not in logprobs:
+            if following is None or following not in row_of:
                 return node, token
             node = following
 

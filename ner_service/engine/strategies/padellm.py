@@ -31,9 +31,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import torch
-
-from general_decoding import Decoder, TokenBias
+from general_decoding import Decoder
+from general_decoding.row_vocabulary import SparseLogprobs
 from ner_service.engine import prompts
 from ner_service.engine.answer_vocabulary import AnswerVocabulary
 from ner_service.engine.query_runners import QueryRunner, SharedPrefixRunner
@@ -155,21 +154,20 @@ class PaDeLLM(Strategy):
                     paths += [MentionQuery(0, label, count, k).token_ids(self.ner_model) for k in range(1, count + 1)]
         return paths
 
-    def count_log_probs(self, runner: QueryRunner, windows: list[Window], labels: list[str], stats: ExtractionStats) -> torch.Tensor:
-        """``[windows * labels, vocabulary]`` log-probabilities of each (window, label) count's
-        first token, window by window in the order of ``labels`` (one forward: the windows
-        encoded with their count queries and any speculated branches)."""
+    def count_log_probs(self, runner: QueryRunner, windows: list[Window], labels: list[str], stats: ExtractionStats) -> SparseLogprobs:
+        """A row per (window, label), window by window in the order of ``labels``: the
+        log-probabilities of its count's first token (one forward: the windows encoded with
+        their count queries and any speculated branches)."""
         counting = [count_query_ids(self.ner_model, label) for label in labels]
-        logits = runner.encode(counting + self._speculated(windows, labels), stats)[:, : len(labels)]
-        return logits.flatten(0, 1).float().log_softmax(-1)
+        return runner.encode(counting + self._speculated(windows, labels), stats)[:, : len(labels)].flat()
 
-    def biased(self, log_probs: torch.Tensor, labels: list[str]) -> torch.Tensor:
+    def biased(self, log_probs: SparseLogprobs, labels: list[str]) -> SparseLogprobs:
         """``log_probs`` (rows as :meth:`count_log_probs` orders them) with each label's
-        ``count_bias`` per unit of a first digit added (a :class:`TokenBias` per label), in place."""
-        per_label = log_probs.view(-1, len(labels), log_probs.shape[-1])
+        ``count_bias`` per unit of a first digit added, in place."""
+        digits = sorted(self.digit_ids)
         for index, label in enumerate(labels):
             if bias := self.options.count_bias.for_label(label):
-                TokenBias({token: bias * digit for digit, token in self.digit_ids.items()}).apply(per_label[:, index], [], [])
+                log_probs[index::len(labels)].add([self.digit_ids[d] for d in digits], [bias * d for d in digits])
         return log_probs
 
     def _counts(self, runner: QueryRunner, windows: list[Window], labels: list[str], stats: ExtractionStats) -> Counts:
@@ -177,9 +175,9 @@ class PaDeLLM(Strategy):
         each count above 0, and the model's own belief in each count (:class:`Counts`)."""
         log_probs = self.count_log_probs(runner, windows, labels, stats)
         digits = sorted(self.digit_ids)
-        digit_probs = log_probs[:, [self.digit_ids[d] for d in digits]].softmax(-1)
+        digit_probs = log_probs.of([self.digit_ids[d] for d in digits]).softmax(-1)
         at_least = digit_probs.flip(-1).cumsum(-1).flip(-1).clamp_min(1e-9).log().tolist()  # digit d: the mass of d and above
-        first = self.biased(log_probs, labels).argmax(-1).tolist()
+        first = self.biased(log_probs, labels).argmax().tolist()
         decode = self.ner_model.tokenizer.decode
         keys = [WindowLabel(w, label) for w in range(len(windows)) for label in labels]
         chosen: dict[WindowLabel, int] = {}
