@@ -81,12 +81,14 @@ class SparseLogprobs:
         rows = torch.arange(len(found), device=found.device)
         return self.values[rows, found].masked_fill(~present, float("-inf")).tolist()
 
-    def add(self, token_ids: Sequence[int], amounts: Sequence[float]) -> None:
-        """Add ``amounts[j]`` to every row's log-probability of ``token_ids[j]``, in place (a
-        token not here keeps ``-inf``)."""
+    def plus(self, token_ids: Sequence[int], amounts: torch.Tensor) -> "SparseLogprobs":
+        """These log-probabilities with ``amounts[..., j]`` (broadcast over the rows) added to each
+        row's of token ``token_ids[j]``; a token not here keeps ``-inf``. A copy: the values may be
+        inference tensors, which cannot change in place."""
         found, present = self.columns(token_ids)
-        added = torch.as_tensor(amounts, dtype=self.values.dtype, device=self.values.device)
-        self.values[..., found[present]] += added[present]
+        values = self.values.clone()
+        values[..., found[present]] += amounts.to(values)[..., present]
+        return replace(self, values=values)
 
     def argmax(self) -> torch.Tensor:
         """Each row's most probable token id."""

@@ -31,6 +31,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import torch
+
 from general_decoding import Decoder
 from general_decoding.row_vocabulary import SparseLogprobs
 from ner_service.engine import prompts
@@ -163,12 +165,12 @@ class PaDeLLM(Strategy):
 
     def biased(self, log_probs: SparseLogprobs, labels: list[str]) -> SparseLogprobs:
         """``log_probs`` (rows as :meth:`count_log_probs` orders them) with each label's
-        ``count_bias`` per unit of a first digit added, in place."""
+        ``count_bias`` per unit of a first digit added."""
         digits = sorted(self.digit_ids)
-        for index, label in enumerate(labels):
-            if bias := self.options.count_bias.for_label(label):
-                log_probs[index::len(labels)].add([self.digit_ids[d] for d in digits], [bias * d for d in digits])
-        return log_probs
+        per_label = torch.tensor([[self.options.count_bias.for_label(label) * d for d in digits] for label in labels])
+        if not bool(per_label.any()):
+            return log_probs
+        return log_probs.plus([self.digit_ids[d] for d in digits], per_label.repeat(len(log_probs) // len(labels), 1))
 
     def _counts(self, runner: QueryRunner, windows: list[Window], labels: list[str], stats: ExtractionStats) -> Counts:
         """Each (window, label)'s count from its first token (biased), the branches that confirm
