@@ -178,6 +178,16 @@ def output_softcap(model: nn.Module) -> float | None:
     return getattr(config, "final_logit_softcapping", None)
 
 
+def hidden_logprobs(model: nn.Module, hidden: torch.Tensor, vocabulary: RowVocabulary | None) -> SparseLogprobs:
+    """A row per hidden state (``[rows, hidden]``, row i of ``vocabulary``): the float32
+    next-token log-probabilities over that row's tokens when a vocabulary is given, else over the
+    whole output layer."""
+    head = model.get_output_embeddings()
+    if vocabulary is not None:
+        return vocabulary.sparse_logprobs(hidden[:, None], head, output_softcap(model))[:, 0]
+    return SparseLogprobs.dense(torch.log_softmax(head(hidden).float(), dim=-1))
+
+
 def next_logprobs(model: nn.Module, vocabulary: RowVocabulary | None, logits_to_keep: int, **forward: object) -> torch.Tensor:
     """One forward of ``model`` (``forward``: its keyword arguments, the cache included) and the
     float32 next-token log-probabilities at its last ``logits_to_keep`` positions,

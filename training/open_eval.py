@@ -33,21 +33,17 @@ def named(examples: list[Example], names: dict[str, str]) -> list[Example]:
 def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit: int, batch_size: int = 16) -> dict:
     """Micro-F1 of each zero-shot corpus and of each supervised dev (first ``supervised_limit``
     texts; None: all), and the zero-shot average."""
-    scores: dict[str, dict] = {}
     held_outs = zero_shot_sets(data / "open", limit)
-    supervised = {corpus: named(read_corpus(str(data / relative))[:supervised_limit], SUPERVISED_NAMES[corpus])
-                  for corpus, relative in SUPERVISED_DEV.items()}
-    total = sum(len(h.examples) for h in held_outs) + sum(len(examples) for examples in supervised.values())
-    with tqdm(total=total, desc="open eval", unit="text") as bar:
-        for held_out in held_outs:
-            bar.set_postfix_str(held_out.corpus)
-            report = evaluate_engine(engine, held_out.examples, labels=held_out.labels, batch_size=batch_size, progress=False)
-            scores[held_out.corpus] = {"micro_f1": round(report["micro_f1"], 2), "texts": len(held_out.examples), "split": held_out.split}
-            bar.update(len(held_out.examples))
-        for corpus, examples in supervised.items():
+    asked = [(h.corpus, h.examples, h.labels, h.split) for h in held_outs]
+    for corpus, relative in SUPERVISED_DEV.items():
+        examples = named(read_corpus(str(data / relative))[:supervised_limit], SUPERVISED_NAMES[corpus])
+        asked.append((corpus, examples, sorted(set(SUPERVISED_NAMES[corpus].values())), "dev"))
+    scores: dict[str, dict] = {}
+    with tqdm(total=sum(len(examples) for _, examples, _, _ in asked), desc="open eval", unit="text") as bar:
+        for corpus, examples, labels, split in asked:
             bar.set_postfix_str(corpus)
-            report = evaluate_engine(engine, examples, labels=sorted(set(SUPERVISED_NAMES[corpus].values())), batch_size=batch_size, progress=False)
-            scores[corpus] = {"micro_f1": round(report["micro_f1"], 2), "texts": len(examples), "split": "dev"}
+            report = evaluate_engine(engine, examples, labels=labels, batch_size=batch_size, progress=False)
+            scores[corpus] = {"micro_f1": round(report["micro_f1"], 2), "texts": len(examples), "split": split}
             bar.update(len(examples))
     zero_shot = statistics.fmean(scores[h.corpus]["micro_f1"] for h in held_outs)
     return {"zero_shot_average": round(zero_shot, 2), "scores": scores}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from general_decoding.kv_cache import cache_bytes, select_rows, select_visible
-from general_decoding.row_vocabulary import RowVocabulary, SparseLogprobs, output_softcap
+from general_decoding.row_vocabulary import RowVocabulary, SparseLogprobs, hidden_logprobs
 from general_decoding.tree_attention import ancestor_mask, build_trie, join_tries, pack_rows
 from ner_service.engine.group_decoding import GroupInputs
 from ner_service.engine.ner_model import NERModel
@@ -111,13 +111,8 @@ class BranchForward:
     def logprobs(self, nodes: list[Node], vocabulary: RowVocabulary | None = None) -> SparseLogprobs:
         """A row per node: the next-token log-probabilities after it (one pass of the output
         layer; with ``vocabulary``, a row per node, over each node's tokens only)."""
-        model = self.ner_model.model
         with torch.inference_mode():
-            hidden = self.hidden[[n.row for n in nodes], [n.index for n in nodes]]
-            if vocabulary is not None:
-                return vocabulary.sparse_logprobs(hidden[:, None], model.get_output_embeddings(), output_softcap(model))[:, 0]
-            logits = model.get_output_embeddings()(hidden)
-        return SparseLogprobs.dense(torch.log_softmax(logits.float(), dim=-1))
+            return hidden_logprobs(self.ner_model.model, self.hidden[[n.row for n in nodes], [n.index for n in nodes]], vocabulary)
 
     def answer_node(self, row: int) -> Node:
         """The node where row ``row``'s first sequence ends."""

@@ -17,7 +17,7 @@ import torch
 from transformers import Cache, DynamicCache
 
 from general_decoding.kv_cache import select_rows
-from general_decoding.row_vocabulary import RowVocabulary, SparseLogprobs, output_softcap
+from general_decoding.row_vocabulary import RowVocabulary, SparseLogprobs, hidden_logprobs
 from general_decoding.tree_attention import build_trie, chain_with_trie, collate_forest_rows, pack_rows
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window
@@ -78,10 +78,7 @@ class PrefixCache:
             hidden = out.last_hidden_state[
                 [row_of[w] for w in range(len(windows)) for _ in ends],
                 [start[w] + len(p) + end for w, p in enumerate(tokens) for end in ends]]
-            if vocabulary is None:
-                logprobs = SparseLogprobs.dense(torch.log_softmax(model.get_output_embeddings()(hidden).float(), dim=-1))
-            else:
-                logprobs = vocabulary.sparse_logprobs(hidden[:, None], model.get_output_embeddings(), output_softcap(model))[:, 0]
+            logprobs = hidden_logprobs(model, hidden, vocabulary)
         mask = torch.zeros(len(windows), ids.shape[1], dtype=torch.long)  # host-side bookkeeping, like the masks built from it
         prefix_cache = cls(tokens, out.cache, mask, row_of, logprobs)
         for w, p in enumerate(tokens):
