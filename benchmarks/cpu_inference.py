@@ -8,6 +8,10 @@ alike; each warmed up on its first batch, untimed):
 * ``default``: the engine's default now: ``dtype auto`` (bfloat16 on a CPU with AVX512_BF16 or
   AMX, else float32), count and mention logits over the tokens their answers may take only
   (``ner_service/engine/answer_vocabulary.py``), threads from the CPU quota (``engine/cpu.py``);
+* ``int8`` (``--no-int8`` leaves it out): the default with int8 weights in the decoder stack's
+  linear layers (PyTorch's dynamic quantisation: weights int8 per output row, each product's
+  input quantised to 8 bits on the fly; float32 around them): a lever measured beside the
+  default, not taken by it, because it changes the entities (:func:`with_int8_weights`);
 * ``ar_default`` (batch 1; ``--no-ar`` leaves it out): the AR baseline (ANPD drafting, the
   figure of the README) under the new default's dtype and threads: PaDeLLM against AR there.
 
@@ -22,11 +26,13 @@ the decoder stack, two per output row computed per position) against the machine
 
 The JSON holds ``speedup_batch16`` (texts/s of the default over the baseline at batch 16),
 ``speedup_batch1`` (the baseline's latency over the default's at batch 1), ``f1_baseline`` and
-``f1_default`` (the batch-16 runs over every text), ``padellm_vs_ar_batch1``, the rows, the phase
-table and the peaks; the PNG is drawn beside it.
+``f1_default`` (the batch-16 runs over every text), ``padellm_vs_ar_batch1``, ``int8_speedup_batch1``
+and ``int8_speedup_batch16`` (the int8 arm against the default) with ``f1_int8``, the rows (each
+with ``identical_texts``: its texts whose entities are the baseline's), the phase table and the
+peaks; the PNG is drawn beside it.
 
 Usage: python benchmarks/cpu_inference.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
-       [--batch-sizes 1,16] [--threads N] [--no-ar] [--no-cold]
+       [--batch-sizes 1,16] [--threads N] [--no-int8] [--no-ar] [--no-cold]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +55,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.reporting import benchmark_parser, print_table, save_figure, write_json  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from general_decoding import row_vocabulary  # noqa: E402
+from general_decoding.skinny_linear import use_skinny_linear  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
 from ner_service.engine.cpu import available_cpus, cpu_has_bfloat16, inference_dtype, inference_threads  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
@@ -149,6 +157,22 @@ def matmul_peak(dtype: torch.dtype, threads: int, size: int = 2048, repeats: int
     return 2.0 * size ** 3 / best / 1e9
 
 
+def with_int8_weights(engine: NEREngine) -> NEREngine:
+    """``engine`` with every linear layer of its model's decoder stack dynamically quantised to
+    int8 (per output row), in place; the output layer and the embedding stay as they were."""
+    model = engine.ner_model.model
+    use_skinny_linear(model, enabled=False)  # quantisation takes plain ``nn.Linear`` layers only
+    stack = model.get_decoder()
+    layers = {name for name, module in stack.named_modules() if isinstance(module, torch.nn.Linear)}
+    with warnings.catch_warnings():  # torch.ao.quantization warns that torchao will replace it
+        warnings.simplefilter("ignore")
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        quantize_dynamic(stack, {name: per_channel_dynamic_qconfig for name in layers}, inplace=True)
+    use_skinny_linear(model)
+    return engine
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -189,11 +213,13 @@ def measure(arms: list[Arm], meters: dict[str, Meter], texts: list[str], batch_s
             run_batch(arm, meters[arm.name], batch)
 
 
-def row_of(arm: Arm, gold: list[list[tuple[int, int, str]]], batch_size: int, peaks: dict[str, float], dtype: str) -> dict:
+def row_of(arm: Arm, gold: list[list[tuple[int, int, str]]], batch_size: int, peaks: dict[str, float], dtype: str,
+           activations: str) -> dict:
+    """The arm's figures; ``dtype`` its weights' (for the table), ``activations`` the dtype whose matmul peak it is held against."""
     total = sum(arm.seconds)
     per_text = [1000 * s / batch_size for s in arm.seconds] if batch_size > 1 else [1000 * s for s in arm.seconds]
     gflops = arm.flops / total / 1e9
-    peak = peaks[f"{dtype}_threads{arm.threads}"]
+    peak = peaks[f"{activations}_threads{arm.threads}"]
     return {
         "batch": batch_size, "arm": arm.name, "dtype": dtype, "threads": arm.threads, "strategy": arm.strategy,
         "f1": span_f1(gold[: len(arm.spans)], arm.spans)["micro_f1"],
@@ -227,7 +253,8 @@ def plot(path: Path, rows: list[dict], title: str) -> Path:
 
     figure, axes = plt.subplots(1, 3, figsize=(14, 4))
     labels = [f"b{r['batch']} {r['arm']}" for r in rows]
-    colours = ["#4c72b0" if r["arm"] == "baseline" else "#dd8452" if r["arm"] == "default" else "#55a868" for r in rows]
+    palette = {"baseline": "#4c72b0", "default": "#dd8452", "int8": "#c44e52"}
+    colours = [palette.get(r["arm"], "#55a868") for r in rows]
     for axis, key, name in ((axes[0], "ms_per_text", "ms per text"), (axes[1], "texts_per_s", "texts per second")):
         bars = axis.bar(labels, [r[key] for r in rows], color=colours)
         axis.bar_label(bars, fmt="%.1f", fontsize=8)
@@ -250,6 +277,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,16", help="comma-separated (default %(default)s)")
     parser.add_argument("--threads", type=int, default=None,
                         help="the default arm's threads (default: NER_THREADS, else the CPU quota: engine/cpu.py)")
+    parser.add_argument("--no-int8", dest="int8", action="store_false", help="leave out the int8 arm")
     parser.add_argument("--no-ar", dest="ar", action="store_false", help="leave out the AR arm at batch 1")
     parser.add_argument("--no-cold", dest="cold", action="store_false", help="leave out the cold-process timings")
     args = parser.parse_args()
@@ -262,37 +290,48 @@ def main() -> None:
     dtype = inference_dtype("auto")
     baseline = NEREngine.load(args.model, dtype=torch.float32, restricted_output=False)
     default = NEREngine.load(args.model, dtype=dtype, restricted_output=True)
-    meters = {"baseline": Meter(baseline.ner_model.model), "default": Meter(default.ner_model.model)}
+    engines = {"baseline": baseline, "default": default}
+    if args.int8:
+        engines["int8"] = NEREngine.load(args.model, dtype=dtype, restricted_output=True)
+    meters = {name: Meter(engine.ner_model.model) for name, engine in engines.items()}  # before quantising: its FLOPs count weights
+    if args.int8:
+        with_int8_weights(engines["int8"])
     meters["ar_default"] = meters["default"]
     peaks = {f"{name}_threads{n}": matmul_peak(getattr(torch, name), n)
              for name in {"float32", dtype} for n in {torch_default_threads, threads}}
     rows, spans = [], {}
     load_start = os.getloadavg()
-    with metered_restriction({id(e.ner_model.model.get_output_embeddings()): meters[name]
-                              for name, e in (("baseline", baseline), ("default", default))}):
+    with metered_restriction({id(e.ner_model.model.get_output_embeddings()): meters[name] for name, e in engines.items()}):
         for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
-            for engine in (baseline, default):
+            for engine in engines.values():
                 engine.max_batch_texts = batch_size
             arms = [Arm("baseline", baseline, torch_default_threads), Arm("default", default, threads)]
+            if args.int8:
+                arms.append(Arm("int8", engines["int8"], threads))
             if args.ar and batch_size == 1:
                 arms.append(Arm("ar_default", default, threads, strategy="ar", decoder="anpd"))
             measure(arms, meters, texts, batch_size)
-            rows += [row_of(arm, gold, batch_size, peaks, "float32" if arm.name == "baseline" else dtype) for arm in arms]
+            for arm in arms:
+                activations = "float32" if arm.name == "baseline" else dtype
+                rows.append(row_of(arm, gold, batch_size, peaks, "int8" if arm.name == "int8" else activations, activations))
+                rows[-1]["identical_texts"] = sum(a == b for a, b in zip(arms[0].spans, arm.spans))
             spans.update({(batch_size, arm.name): arm.spans for arm in arms})
-            rows[-len(arms)]["identical_texts"] = rows[-len(arms) + 1]["identical_texts"] = sum(
-                a == b for a, b in zip(spans[batch_size, "baseline"], spans[batch_size, "default"]))
     cold = cold_timings(args.model) if args.cold else {}
 
     def find(batch: int, arm: str) -> dict | None:
         return next((r for r in rows if r["batch"] == batch and r["arm"] == arm), None)
 
-    summary: dict[str, float | None] = {"speedup_batch16": None, "speedup_batch1": None, "padellm_vs_ar_batch1": None}
+    summary: dict[str, float | None] = {"speedup_batch16": None, "speedup_batch1": None, "padellm_vs_ar_batch1": None,
+                                        "int8_speedup_batch1": None, "int8_speedup_batch16": None}
     if find(16, "default"):
         summary["speedup_batch16"] = find(16, "default")["texts_per_s"] / find(16, "baseline")["texts_per_s"]
     if find(1, "default"):
         summary["speedup_batch1"] = find(1, "baseline")["ms_per_text"] / find(1, "default")["ms_per_text"]
     if find(1, "ar_default"):
         summary["padellm_vs_ar_batch1"] = find(1, "ar_default")["ms_per_text"] / find(1, "default")["ms_per_text"]
+    for batch in (1, 16):
+        if find(batch, "int8"):
+            summary[f"int8_speedup_batch{batch}"] = find(batch, "default")["ms_per_text"] / find(batch, "int8")["ms_per_text"]
     largest = max(r["batch"] for r in rows)
     f1_baseline, f1_default = find(largest, "baseline")["f1"], find(largest, "default")["f1"]
     machine = {"cpu_count": os.cpu_count(), "available_cpus": available_cpus(), "cpu_bfloat16": cpu_has_bfloat16(),
@@ -307,11 +346,14 @@ def main() -> None:
     print("\nms per text by phase and by part")
     print_table(phase_rows, ["batch", "arm", *PHASES, *PARTS])
     print("\n" + ", ".join(f"{k} {v:.2f}" for k, v in summary.items() if v is not None) + f"; F1 {f1_baseline:.2f} -> {f1_default:.2f}"
-          f" (batch {largest}; {find(largest, 'default')['identical_texts']} of {len(texts)} texts with the same entities)")
+          f" (batch {largest}; {find(largest, 'default')['identical_texts']} of {len(texts)} texts with the same entities)"
+          + (f"; int8 weights: F1 {find(largest, 'int8')['f1']:.2f}, {find(largest, 'int8')['identical_texts']} texts the same"
+             if find(largest, "int8") else ""))
     if cold:
         print("cold process: " + ", ".join(f"{k} {v:.2f} s" for k, v in cold.items()))
     path = write_json(args.json, {"benchmark": "cpu_inference", "model": args.model, "n_sentences": len(texts), "default_dtype": dtype,
                                   "default_threads": threads, **summary, "f1_baseline": f1_baseline, "f1_default": f1_default,
+                                  "f1_int8": find(largest, "int8")["f1"] if find(largest, "int8") else None,
                                   "identical_texts": find(largest, "default")["identical_texts"],
                                   "matmul_peak_gflops": peaks, "cold_s": cold, "machine": machine, "results": rows,
                                   "phases": phase_rows})

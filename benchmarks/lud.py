@@ -4,9 +4,10 @@ The LUD model (``padellm-ner train --recipe en-conll03-lud``) decodes with ``lud
 verified: token for token greedy), with narrower verification forwards (a unit one token
 shorter: one placeholder fewer; or drafts cut before a placeholder prediction less than
 ``--min-probability`` probable), and with the paper's unverified acceptance of placeholders at
-least ``--threshold`` probable; its adapter applies at placeholder columns only, so the model it
-was fine-tuned from decodes the references: ``greedy``, and the lossless drafters ``copy`` and
-``anpd`` (token for token greedy). Per strategy and batch size, every decoder runs over the same sentences, interleaved
+least ``--threshold`` probable; its adapter applies at placeholder columns only (a forward
+without placeholders does not touch it), so the same loaded model decodes the references as the
+model it was fine-tuned from does: ``greedy``, and the lossless drafters ``copy`` and ``anpd``
+(token for token greedy). Per strategy and batch size, every decoder runs over the same sentences, interleaved
 batch by batch so that noise hits them alike: wall-clock speed-up over greedy, decoded tokens
 per decoding forward, micro-F1, and answers that ran to their token limit (unfinished).
 
@@ -49,11 +50,11 @@ class Run:
     predicted: list = field(default_factory=list)
 
 
-def measure(lud: NEREngine, reference: NEREngine, lud_decoders: dict[str, Decoder], texts: list[str], strategy: str,
+def measure(lud: NEREngine, lud_decoders: dict[str, Decoder], texts: list[str], strategy: str,
             batch_size: int, references: tuple[str, ...] = REFERENCES) -> dict[str, Run]:
-    """Every decoder over ``texts`` in batches, interleaved batch by batch: the reference
-    model's ``references`` and the LUD model's ``lud_decoders``."""
-    runs = {name: Run(reference, name) for name in references} | {name: Run(lud, d) for name, d in lud_decoders.items()}
+    """Every decoder over ``texts`` in batches, interleaved batch by batch: the ``references``
+    and the ``lud_decoders``, all on the LUD model."""
+    runs = {name: Run(lud, name) for name in references} | {name: Run(lud, d) for name, d in lud_decoders.items()}
     for run in runs.values():  # warm-up
         run.engine.extract(texts[:batch_size], strategy=strategy, decoder=run.decoder)
     for start in tqdm(range(0, len(texts), batch_size), desc=f"{strategy} batch {batch_size}", unit="batch"):
@@ -82,7 +83,6 @@ def main() -> None:
     require_model("lud", args.model, RECIPE)
 
     lud = NEREngine.load(args.model)
-    reference = NEREngine.load(lud.ner_model.config.base)
     unit_size = lud.ner_model.config.lud_unit_size or 4
     decoders = {"lud": get_decoder("lud", unit_size=unit_size),
                 f"lud, units of {unit_size - 1}": get_decoder("lud", unit_size=unit_size - 1),
@@ -94,7 +94,7 @@ def main() -> None:
     rows = []
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
         for strategy in args.strategies.split(","):
-            runs = measure(lud, reference, decoders, texts, strategy, batch_size)
+            runs = measure(lud, decoders, texts, strategy, batch_size)
             for name, run in runs.items():
                 rows.append({
                     "strategy": strategy, "batch": batch_size, "decoder": name,
@@ -104,10 +104,10 @@ def main() -> None:
                     "micro_f1": span_f1(gold, run.predicted)["micro_f1"],
                     "unfinished_answers": run.unfinished,
                 })
-    print(f"\n{args.model} (lud, threshold {args.threshold}) against {lud.ner_model.config.base} "
-          f"({', '.join(REFERENCES)}), {len(texts)} sentences, {torch.get_num_threads()} threads")
+    print(f"\n{args.model} (lud, threshold {args.threshold}) against its own {', '.join(REFERENCES)}, "
+          f"{len(texts)} sentences, {torch.get_num_threads()} threads")
     print_table(rows, ["strategy", "batch", "decoder", "speedup_vs_greedy", "ms_per_text", "tokens_per_forward", "micro_f1", "unfinished_answers"])
-    path = write_json(args.json, {"benchmark": "lud", "model": args.model, "reference": lud.ner_model.config.base,
+    path = write_json(args.json, {"benchmark": "lud", "model": args.model, "references": list(REFERENCES),
                                   "threshold": args.threshold, "n_sentences": len(texts), "results": rows})
     png = bar_plots(path.with_suffix(".png"), [f"{r['strategy']} b{r['batch']} {r['decoder']}" for r in rows], {
         "speed-up over greedy": [r["speedup_vs_greedy"] for r in rows],
