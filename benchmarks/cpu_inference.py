@@ -9,9 +9,9 @@ alike; each warmed up on its first batch, untimed):
   AMX, else float32), count and mention logits over the tokens their answers may take only
   (``ner_service/engine/answer_vocabulary.py``), threads from the CPU quota (``engine/cpu.py``);
 * ``int8`` (``--no-int8`` leaves it out): the default with int8 weights in the decoder stack's
-  linear layers, float32 elsewhere on every CPU (PyTorch's dynamic quantisation: weights int8 per output row, each product's
-  input quantised to 8 bits on the fly; float32 around them): a lever measured beside the
-  default, not taken by it, because it changes the entities (:func:`with_int8_weights`);
+  linear layers (PyTorch's dynamic quantisation: weights int8 per output row, each product's
+  input quantised to 8 bits on the fly), float32 around them on every CPU: a lever measured
+  beside the default, not taken by it, because it changes the entities (:func:`with_int8_weights`);
 * ``ar_default`` (batch 1; ``--no-ar`` leaves it out): the AR baseline (ANPD drafting, the
   figure of the README) under the new default's dtype and threads: PaDeLLM against AR there.
 
@@ -299,7 +299,7 @@ def main() -> None:
     meters["ar_default"] = meters["default"]
     peaks = {f"{name}_threads{n}": matmul_peak(getattr(torch, name), n)
              for name in {"float32", dtype} for n in {torch_default_threads, threads}}
-    rows, spans = [], {}
+    rows = []
     load_start = os.getloadavg()
     with metered_restriction({id(e.ner_model.model.get_output_embeddings()): meters[name] for name, e in engines.items()}):
         for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
@@ -315,7 +315,6 @@ def main() -> None:
                 activations = "float32" if arm.name in ("baseline", "int8") else dtype
                 rows.append(row_of(arm, gold, batch_size, peaks, "int8" if arm.name == "int8" else activations, activations))
                 rows[-1]["identical_texts"] = sum(a == b for a, b in zip(arms[0].spans, arm.spans))
-            spans.update({(batch_size, arm.name): arm.spans for arm in arms})
     cold = cold_timings(args.model) if args.cold else {}
 
     def find(batch: int, arm: str) -> dict | None:
@@ -334,6 +333,7 @@ def main() -> None:
             summary[f"int8_speedup_batch{batch}"] = find(batch, "default")["ms_per_text"] / find(batch, "int8")["ms_per_text"]
     largest = max(r["batch"] for r in rows)
     f1_baseline, f1_default = find(largest, "baseline")["f1"], find(largest, "default")["f1"]
+    int8_row = find(largest, "int8")
     machine = {"cpu_count": os.cpu_count(), "available_cpus": available_cpus(), "cpu_bfloat16": cpu_has_bfloat16(),
                "torch_default_threads": torch_default_threads, "loadavg_start": load_start, "loadavg_end": os.getloadavg()}
     where = (f"{args.model}, {len(texts)} dev sentences, {machine['cpu_count']} CPUs "
@@ -347,13 +347,12 @@ def main() -> None:
     print_table(phase_rows, ["batch", "arm", *PHASES, *PARTS])
     print("\n" + ", ".join(f"{k} {v:.2f}" for k, v in summary.items() if v is not None) + f"; F1 {f1_baseline:.2f} -> {f1_default:.2f}"
           f" (batch {largest}; {find(largest, 'default')['identical_texts']} of {len(texts)} texts with the same entities)"
-          + (f"; int8 weights: F1 {find(largest, 'int8')['f1']:.2f}, {find(largest, 'int8')['identical_texts']} texts the same"
-             if find(largest, "int8") else ""))
+          + (f"; int8 weights: F1 {int8_row['f1']:.2f}, {int8_row['identical_texts']} texts the same" if int8_row else ""))
     if cold:
         print("cold process: " + ", ".join(f"{k} {v:.2f} s" for k, v in cold.items()))
     path = write_json(args.json, {"benchmark": "cpu_inference", "model": args.model, "n_sentences": len(texts), "default_dtype": dtype,
                                   "default_threads": threads, **summary, "f1_baseline": f1_baseline, "f1_default": f1_default,
-                                  "f1_int8": find(largest, "int8")["f1"] if find(largest, "int8") else None,
+                                  "f1_int8": int8_row["f1"] if int8_row else None,
                                   "identical_texts": find(largest, "default")["identical_texts"],
                                   "matmul_peak_gflops": peaks, "cold_s": cold, "machine": machine, "results": rows,
                                   "phases": phase_rows})
