@@ -43,7 +43,7 @@ def _engine(args: argparse.Namespace):
     return NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args),
                           repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned,
                           document_consistency=args.document_consistency, restricted_output=not args.whole_output_layer,
-                          past_count_rounds=args.past_count_rounds)
+                          past_count_rounds=args.past_count_rounds, past_count_floor=args.past_count_floor)
 
 
 def _count_bias(args: argparse.Namespace):
@@ -71,7 +71,7 @@ def _options(args: argparse.Namespace):
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     from general_decoding import available_decoders
     from ner_service.engine import DEFAULT_DECODER, DEFAULT_MODEL, DEFAULT_STRATEGY, available_strategies
-    from ner_service.engine.defaults import PAST_COUNT_ROUNDS
+    from ner_service.engine.defaults import PAST_COUNT_FLOOR, PAST_COUNT_ROUNDS
 
     parser.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
     parser.add_argument("--strategy", default=None, help=f"how the model is asked (default {DEFAULT_STRATEGY}): {', '.join(available_strategies())}")
@@ -95,6 +95,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--past-count-rounds", type=int, default=PAST_COUNT_ROUNDS, metavar="N",
                         help="PaDeLLM on a model trained past its counts: ask up to N more mentions past a count, one after another, "
                              "while the model answers a new one (0: only the one past it; default: %(default)s)")
+    parser.add_argument("--past-count-floor", type=float, default=PAST_COUNT_FLOOR, metavar="P",
+                        help="PaDeLLM on a model trained past its counts: ask the mention past a label's count only where the model "
+                             "gives a further mention at least this probability (0: always; default: %(default)s)")
     parser.add_argument("--document-consistency", action=argparse.BooleanOptionalAction, default=None,
                         help="a name found in a text keeps one label throughout it and is tagged wherever it recurs (default: the model's)")
 
@@ -260,7 +263,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         config = NERModelConfig.read(resolve_ner_model(name))
         base = "self-contained" if config.base == SELF_CONTAINED else config.base
         scores, ms = dev_scores(config.metrics), ms_per_text(config.metrics)
-        print(f"{name:<22} {config.language}  labels={','.join(config.labels)}  base={base}"
+        labels = f"any (default {','.join(config.labels)})" if config.open_labels else ",".join(config.labels)
+        print(f"{name:<22} {config.language}  labels={labels}  base={base}"
               + (f"  dev_f1={scores[1]['micro_f1']:.2f} ({scores[0]})" if scores else "")
               + (f"  {ms:,.0f} ms/text" if ms is not None else ""))
     return 0

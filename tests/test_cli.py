@@ -66,6 +66,8 @@ def test_models_lists_the_shipped_models_and_those_on_the_model_path() -> None:
     done = run("models")  # the suite puts tests/models, the tiny model's folder, on PADELLM_NER_MODEL_PATH
     assert done.returncode == 0 and "tiny-conll03" in done.stdout and "en-conll03 " in done.stdout
     assert "base=." not in done.stdout and "base=self-contained" in done.stdout  # the tiny model holds its own weights
+    [open_line] = [line for line in done.stdout.splitlines() if line.startswith("open ")]
+    assert "labels=any (default person,organization,location,miscellaneous)" in open_line  # an open model takes any names
 
 
 TINY_BASE = str(TINY_DIR)

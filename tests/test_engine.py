@@ -249,6 +249,36 @@ def test_a_model_trained_with_past_count_queries_is_asked_one_mention_past_every
     assert len(past) == len(plain) + len(labels)
 
 
+@pytest.mark.parametrize("floor", [0.0, 0.01, 0.4])
+def test_padellm_asks_past_a_count_only_where_the_model_gives_a_further_mention_that_chance(
+        tiny_engine: NEREngine, floor: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The question past a count is asked where the count's own distribution puts at least
+    ``past_count_floor`` on more mentions: LOC (0 chosen, 0.5 on 1 or more) always, PER (1 chosen,
+    0.3 on 2 or more) under a floor up to 0.3, MISC (0 chosen, 0.001 on more) only with no floor."""
+    import math
+
+    asked: list[MentionQuery] = []
+    further = {"LOC": (0, 0.5), "PER": (1, 0.3), "MISC": (0, 0.001)}  # label: (count, probability of more)
+
+    def scripted_ask(self, runner, queries, confirm, decoder, stats):
+        asked.extend(queries)
+        return [Answer(Mention(q.label, "", -0.1), None) for q in queries], {}
+
+    def scripted_counts(self, runner, windows, labels, stats):
+        keys = [WindowLabel(0, label) for label in labels]
+        tails = {key: {d: 0.0 if d <= further[key.label][0] else math.log(further[key.label][1]) for d in range(10)} for key in keys}
+        return Counts({key: further[key.label][0] for key in keys}, [], tails)
+
+    monkeypatch.setattr(PaDeLLM, "_ask", scripted_ask)
+    monkeypatch.setattr(PaDeLLM, "_counts", scripted_counts)
+    model = replace(tiny_engine.ner_model, config=replace(tiny_engine.ner_model.config, answers_past_count=True, repair_unaligned=False))
+    options = replace(tiny_engine.strategy_options(), repair_duplicates=False, repair_unaligned=False, past_count_floor=floor)
+    PaDeLLM(model, options).mentions(tiny_engine.windows(["Ann met Bob in Rome ."]), list(further), get_decoder("greedy"), ExtractionStats())
+    past = {q.label for q in asked if q.past_count}
+    assert past == {label for label, (_, more) in further.items() if more >= floor}
+    assert [(q.count, q.k) for q in asked if not q.past_count] == [(1, 1)]  # the count's own mentions are always asked
+
+
 @pytest.mark.parametrize("rounds", [0, 1, 3, 5])
 def test_past_a_count_padellm_asks_on_while_the_model_answers_a_new_mention(tiny_engine: NEREngine, rounds: int,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ from general_decoding import Decoder, get_decoder
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window, windows_of
 from ner_service.engine.count_bias import CountBias, CountBiasSetting
-from ner_service.engine.defaults import DEFAULT_DECODER, PAST_COUNT_ROUNDS
+from ner_service.engine.defaults import DEFAULT_DECODER, PAST_COUNT_FLOOR, PAST_COUNT_ROUNDS
 from ner_service.engine.cpu import torch_dtype
 from ner_service.engine.document_consistency import consistent_entities
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
@@ -52,7 +52,8 @@ class NEREngine:
                  repair_duplicates: bool = True, repair_unaligned: bool | None = None,
                  speculated_counts: tuple[int, ...] | None = None, document_consistency: bool | None = None,
                  diffusion_sampler: "BlockDiffusionSampler | None" = None, restricted_output: bool = True,
-                 calibrated_scores: bool = True, past_count_rounds: int = PAST_COUNT_ROUNDS) -> None:
+                 calibrated_scores: bool = True, past_count_rounds: int = PAST_COUNT_ROUNDS,
+                 past_count_floor: float = PAST_COUNT_FLOOR) -> None:
         """``max_window_tokens``, ``count_bias``, ``repair_unaligned`` and ``document_consistency``
         default to the model's (``ner_model.json``: ``window_tokens``, else
         :data:`MAX_WINDOW_TOKENS`), ``speculated_counts`` to the device's
@@ -72,6 +73,7 @@ class NEREngine:
         self.diffusion_sampler = diffusion_sampler
         self.restricted_output = restricted_output
         self.past_count_rounds = past_count_rounds
+        self.past_count_floor = past_count_floor
         self.score_calibrations = {strategy: ScoreCalibration.of(setting) for strategy, setting in ner_model.config.score_calibration.items()
                                    } if calibrated_scores else {}
 
@@ -98,7 +100,8 @@ class NEREngine:
     def strategy_options(self) -> StrategyOptions:
         """The engine's settings as its strategies read them."""
         return StrategyOptions(self.count_bias, self.repair_duplicates, self.repair_unaligned, self.speculated_counts, self.diffusion_sampler,
-                               restricted_output=self.restricted_output, past_count_rounds=self.past_count_rounds)
+                               restricted_output=self.restricted_output, past_count_rounds=self.past_count_rounds,
+                               past_count_floor=self.past_count_floor)
 
     def strategy(self, name: str) -> Strategy:
         """The strategy registered as ``name``, on this engine's model and settings (a name that

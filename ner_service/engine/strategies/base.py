@@ -30,7 +30,9 @@ class StrategyOptions:
     count and mention logits over the tokens their answers may take only
     (:mod:`ner_service.engine.answer_vocabulary`; False: the whole output layer, the old path);
     ``past_count_rounds``: how many mentions past a count PaDeLLM asks one after another while a
-    model trained with past-count queries keeps answering a new one (0: only the one past it)."""
+    model trained with past-count queries keeps answering a new one (0: only the one past it);
+    ``past_count_floor``: the least probability of a further mention (the count distribution's
+    mass above the chosen count) for which that question past the count is asked at all."""
 
     count_bias: CountBias = CountBias()
     repair_duplicates: bool = True
@@ -39,6 +41,7 @@ class StrategyOptions:
     diffusion_sampler: "BlockDiffusionSampler | None" = None
     restricted_output: bool = False
     past_count_rounds: int = 0
+    past_count_floor: float = 0.0
 
 
 class Strategy(ABC):

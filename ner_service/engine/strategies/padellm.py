@@ -27,6 +27,7 @@ count's own distribution, before any bias) times its answer (:meth:`Counts.held_
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -69,6 +70,12 @@ class Counts:
         tail = self.at_least[query.window_label]
         return tail.get(min(query.k, query.count), min(tail.values(), default=0.0))
 
+    def further_likely(self, query: MentionQuery, floor: float) -> bool:
+        """Whether the model gives the label at least ``floor`` probability of holding the mention
+        past its count that ``query`` asks for (a count of 9 or more: always)."""
+        tail = self.at_least[query.window_label]
+        return query.k not in tail or math.exp(tail[query.k]) >= floor
+
 
 #: Builds the query runner of a batch's windows (the bool: one cache row, for a decoder that shares it).
 RunnerFactory = Callable[[NERModel, list[Window], bool], QueryRunner]
@@ -96,7 +103,7 @@ class PaDeLLM(Strategy):
         # The count's remaining digits (usually just the end token) are decoded in the same
         # batch as the mention queries, which assume the count is complete.
         past_count = self.ner_model.config.answers_past_count
-        queries = mention_queries(counts, past_count)
+        queries = [q for q in mention_queries(counts, past_count) if not q.past_count or counted.further_likely(q, self.options.past_count_floor)]
         with stats.phase("mention"):
             answers, continued = self._ask(runner, queries, counted.confirm, decoder, stats)
             # rare: a count of several tokens; ask that label's mentions again, at most one per
