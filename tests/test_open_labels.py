@@ -101,6 +101,27 @@ def test_the_open_mixture_asks_only_its_sources_labels_or_other_domains_and_neve
                 assert any(written == name or written.startswith(f"{name} (") for name in own | specific), (e.corpus, label)
 
 
+def test_a_label_may_be_asked_as_users_also_write_it_and_its_spans_go_under_that_name() -> None:
+    import random
+
+    from training.open_data import NAME_VARIANTS, LabelInfo, MixtureSettings, ask
+
+    example = Example(SENTENCE, [Span(0, 13, "PER"), Span(37, 42, "LOC")])
+    infos = {"PER": LabelInfo("PER", "person", None), "LOC": LabelInfo("LOC", "location", None)}
+    written_as = set()
+    for seed in range(30):
+        settings = MixtureSettings(keep_label_min=1.0, description_rate=0.0, synonym_rate=0.0, variant_rate=1.0)
+        asked = ask(example, "conll2003", ["PER", "LOC"], infos, [], random.Random(seed), settings)
+        under = {SENTENCE[s.start:s.end]: s.label for s in asked.example.spans}
+        assert under["Angela Merkel"] in NAME_VARIANTS["person"] and under["Paris"] in NAME_VARIANTS["location"]
+        assert sorted(asked.labels) == sorted(under.values())
+        written_as.add(under["Angela Merkel"])
+    assert len(written_as) > 1
+    plain = ask(example, "conll2003", ["PER", "LOC"], infos, [], random.Random(0),
+                MixtureSettings(keep_label_min=1.0, description_rate=0.0, synonym_rate=0.0))
+    assert {s.label.lower() for s in plain.example.spans} == {"person", "location"}
+
+
 def test_evaluate_scores_a_files_own_labels_on_an_open_model_under_the_names_asked(open_model_folder: Path, tmp_path: Path) -> None:
     corpus = tmp_path / "places.jsonl"
     corpus.write_text(json.dumps({"text": SENTENCE, "entities": [{"start": 37, "end": 42, "label": "city"},

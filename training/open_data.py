@@ -11,7 +11,9 @@ names a query writes, and the names it is asked for. The rules, each in one plac
 * **Negatives**: a few domain-specific names of other domains (a name found in one domain group
   only, asked of a record of another), whose count is 0.
 * **How a label is written**: lower-cased names mostly (the zero-shot evaluation asks so), now
-  and then the name with its description, or the raw label as a synonym.
+  and then the name with its description, the raw label as a synonym, or another way users write
+  the same type (:data:`NAME_VARIANTS`: "organisation", "misc", "film"), so that a name is read
+  for its meaning rather than matched to a name of the training set.
 * **Balance**: records are drawn per corpus with weight ``size ** temperature`` (the 70,000
   biomedical sentences do not drown the rest), the supervised corpora with fixed shares.
 * **Held out**: whole corpora of other domains and languages are never trained on; their dev
@@ -51,6 +53,58 @@ SUPERVISED_NAMES = {
 SUPERVISED_DESCRIPTIONS = {
     "conll2003": {"MISC": "other named entity: nationality, event, work, product"},
     "resume": {"PRO": "field of study or profession", "CONT": "country of citizenship"},
+}
+#: Other ways users write a type name (lower case): spellings, short forms, near synonyms that
+#: mean the same type in the corpora that use the name. A label is asked so at ``variant_rate``.
+NAME_VARIANTS: dict[str, tuple[str, ...]] = {
+    "person": ("person name", "individual", "human", "people"),
+    "person name": ("person", "name of a person"),
+    "organization": ("organisation", "org", "organization name"),
+    "location": ("place", "loc", "geographical location"),
+    "place": ("location", "place name"),
+    "miscellaneous": ("misc", "other entity"),
+    "miscellaneous entity": ("misc", "miscellaneous"),
+    "city": ("town", "city name"),
+    "country": ("nation", "country name"),
+    "state or province": ("province", "region"),
+    "date or time": ("date", "time expression"),
+    "movie title": ("movie", "film", "film title"),
+    "book title": ("book", "title of a book"),
+    "song": ("track", "song title"),
+    "album": ("album title", "record"),
+    "artist": ("musician", "performer"),
+    "music genre": ("genre", "musical genre"),
+    "disease": ("illness", "disorder", "medical condition"),
+    "chemical": ("chemical compound", "chemical substance", "compound"),
+    "gene or protein": ("gene", "gene product"),
+    "species": ("species name", "taxon"),
+    "organism": ("living organism",),
+    "software application": ("software", "application", "app"),
+    "software library": ("library", "framework"),
+    "job title": ("position", "occupation", "role"),
+    "profession": ("occupation", "job"),
+    "work of art": ("artwork", "creative work"),
+    "creative work": ("work of art", "work"),
+    "award": ("prize", "honour"),
+    "quantity": ("amount", "measurement"),
+    "money": ("monetary amount", "amount of money"),
+    "percentage": ("percent",),
+    "company": ("business", "firm", "corporation"),
+    "institution": ("organisation",),
+    "dish": ("food", "meal"),
+    "cuisine": ("type of cuisine", "food style"),
+    "restaurant name": ("restaurant",),
+    "amenity": ("facility", "feature"),
+    "facility": ("building", "installation"),
+    "metric": ("evaluation metric", "measure"),
+    "task": ("research task", "problem"),
+    "method": ("technique", "approach"),
+    "law": ("legislation", "legal act"),
+    "game": ("video game",),
+    "tourist attraction": ("sight", "landmark"),
+    "government body": ("government agency", "authority"),
+    "nationality": ("demonym",),
+    "event": ("happening",),
 }
 SUPERVISED_CHINESE = {"resume": {"NAME": "人名", "ORG": "机构", "TITLE": "职位", "EDU": "学历", "CONT": "国籍",
                                  "PRO": "专业", "RACE": "民族", "LOC": "地名"}}
@@ -153,6 +207,7 @@ class MixtureSettings:
     negatives_max: int = 3
     description_rate: float = 0.1  # per label: name and description
     synonym_rate: float = 0.1  # per label: the raw label, where it reads as another name
+    variant_rate: float = 0.0  # per label: another way users write its name (NAME_VARIANTS), where it has one
     chinese_names_rate: float = 0.3  # per Resume record: its Chinese names
     ar_rate: float = 0.25  # records also given the AR query with its label list
     seed: int = 0
@@ -172,6 +227,9 @@ def _written(info: LabelInfo, rng: random.Random, settings: MixtureSettings) -> 
     synonym = raw_label_synonym(info.raw, info.name)
     if synonym and roll < settings.description_rate + settings.synonym_rate:
         return synonym
+    variants = NAME_VARIANTS.get(info.name.lower()) if settings.variant_rate else None
+    if variants and roll < settings.description_rate + settings.synonym_rate + settings.variant_rate:
+        return rng.choice(variants)
     return name
 
 
