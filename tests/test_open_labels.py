@@ -153,3 +153,37 @@ def test_the_python_face_and_the_spacy_component_take_open_labels(open_model_fol
     nlp.add_pipe("padellm_ner", config={"model": str(open_model_folder), "labels": ["PER", {"name": "LOC", "description": "a place"}]})
     doc = nlp(SENTENCE)
     assert {(span.text, span.label_) for span in doc.ents} == {("Angela Merkel", "PER"), ("Emmanuel Macron", "PER"), ("Paris", "LOC")}
+
+
+@pytest.mark.slow
+def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_ask(open_model_folder: Path, data_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    """``python -m training.open_eval``: F1 of every zero-shot corpus and the supervised devs asked by
+    name; ``--calibrate --write`` fits the PaDeLLM score map on texts the scores are not reported on
+    and stores it in the model's ``ner_model.json`` (a copy of the test model here)."""
+    from training.open_data import ZERO_SHOT_CORPORA
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in open_model_folder.iterdir():
+        if path.name == "ner_model.json":
+            (model / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+        else:
+            (model / path.name).symlink_to(path.resolve())
+    common = [sys.executable, "-m", "training.open_eval", str(model), "--data", str(data_dir), "--limit", "2"]
+    scored = subprocess.run([*common, "--supervised-limit", "3", "--json", str(tmp_path / "eval.jsonl")],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert scored.returncode == 0, scored.stderr
+    [line] = (tmp_path / "eval.jsonl").read_text(encoding="utf-8").splitlines()
+    result = json.loads(line)
+    assert set(result["scores"]) == set(ZERO_SHOT_CORPORA) | {"conll2003", "resume"}
+    assert result["scores"]["conll2003"]["texts"] == 3 and all(0 <= s["micro_f1"] <= 100 for s in result["scores"].values())
+    assert result["zero_shot_average"] == pytest.approx(sum(result["scores"][c]["micro_f1"] for c in ZERO_SHOT_CORPORA) / 7, abs=0.01)
+
+    before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]
+    fitted = subprocess.run([*common, "--calibrate", "--write"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert fitted.returncode == 0, fitted.stderr
+    assert "| padellm |" in fitted.stdout and "written to" in fitted.stdout
+    stored = json.loads((model / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]
+    assert set(stored["padellm"]) == {"slope", "intercept"} and set(stored) == set(before) | {"padellm"}
+    assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"] == before

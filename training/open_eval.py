@@ -4,7 +4,8 @@ The zero-shot dev is :data:`training.open_data.ZERO_SHOT_CORPORA`: whole corpora
 and languages, each asked every name of its own label set, lower-cased; the supervised sets are
 CoNLL-03 and Resume dev asked their labels by plain name. ``python -m training.open_eval`` scores
 a model folder, or every snapshot of a run (quality against training minutes), and appends one
-JSON line per scored model to ``--json``.
+JSON line per scored model to ``--json``. ``--calibrate`` fits an open model's score map where it
+will be used, on labels it never trained on (:func:`calibrate_open_model`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from corpora import Example, Span, read_corpus
+from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine, NERModel
 from training.evaluate import evaluate_engine
 from training.open_data import SUPERVISED_NAMES, zero_shot_sets
@@ -47,6 +49,30 @@ def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit
             bar.update(len(examples))
     zero_shot = statistics.fmean(scores[h.corpus]["micro_f1"] for h in held_outs)
     return {"zero_shot_average": round(zero_shot, 2), "scores": scores}
+
+
+def calibrate_open_model(engine: NEREngine, data: Path, limit: int, batch_size: int = 16):
+    """The PaDeLLM score map of an open model (an engine giving raw scores), fitted where its users
+    ask: on each zero-shot corpus's texts ``limit`` to ``2 * limit`` and the first ``limit`` texts of
+    CoNLL-03's and Resume's choosing halves, each asked its own names; measured on what the scores
+    are reported on, each zero-shot corpus's first ``limit`` texts and the reporting halves'. A map
+    that makes the reporting texts' ECE worse is not kept (:func:`fit_where_it_carries`)."""
+    from training.score_calibration import (StrategyCalibration, at_thresholds, calibrated_mentions, fit_where_it_carries,
+                                            scored_mentions)
+
+    asked = [(h.examples[limit:], h.examples[:limit], h.labels) for h in zero_shot_sets(data / "open", 2 * limit)]
+    for corpus, relative in SUPERVISED_DEV.items():
+        halves = dev_halves(data / relative)
+        asked.append((named(halves.choose[:limit], SUPERVISED_NAMES[corpus]), named(halves.report[:limit], SUPERVISED_NAMES[corpus]),
+                      sorted(set(SUPERVISED_NAMES[corpus].values()))))
+    choose, report, gold = [], [], 0
+    for choosing, reporting, labels in asked:
+        options = engine.options(labels)
+        choose += scored_mentions(engine, choosing, options, batch_size, "choose")[0]
+        found, total = scored_mentions(engine, reporting, options, batch_size, "report")
+        report, gold = report + found, gold + total
+    calibration, ece, not_carried = fit_where_it_carries(choose, report)
+    return StrategyCalibration("padellm", calibration, ece, at_thresholds(calibrated_mentions(report, calibration), gold), not_carried)
 
 
 def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine, dict]:
@@ -82,8 +108,13 @@ def main() -> int:
     parser.add_argument("--snapshot", default=None, help="score only this snapshot of the run (default: every one not yet in --json)")
     parser.add_argument("--baseline", action="store_true", help="score the run's starting model instead, asked as an open model")
     parser.add_argument("--json", default=None, help="append one JSON line per scored model to this file")
+    parser.add_argument("--calibrate", action="store_true", help="fit the model's score map instead (zero-shot texts --limit to twice "
+                                                                 "that and the supervised choosing halves; measured on the texts scored)")
+    parser.add_argument("--write", action="store_true", help="with --calibrate: write the map into the model's ner_model.json")
     args = parser.parse_args()
     data, target = Path(args.data), Path(args.model)
+    if args.calibrate:
+        return _calibrate(args.model, data, args.limit, args.write)
     done = set()
     if args.json and Path(args.json).is_file():
         done = {json.loads(line).get("snapshot") for line in Path(args.json).read_text(encoding="utf-8").splitlines() if line.strip()}
@@ -104,6 +135,24 @@ def main() -> int:
         if args.json:
             with open(args.json, "a", encoding="utf-8") as out:
                 out.write(json.dumps(result, ensure_ascii=False) + "\n")
+    return 0
+
+
+def _calibrate(model: str, data: Path, limit: int, write: bool) -> int:
+    from dataclasses import replace
+
+    from ner_service.engine.ner_model import resolve_ner_model
+    from training.score_calibration import calibration_table
+
+    engine = NEREngine.load(model, dtype="auto", calibrated_scores=False)
+    found = calibrate_open_model(engine, data, limit)
+    print(calibration_table([found]))
+    setting = {**engine.ner_model.config.score_calibration, "padellm": found.calibration.as_dict()}
+    print(f"score_calibration: {json.dumps(setting)}")
+    if write:
+        folder = resolve_ner_model(model)
+        replace(engine.ner_model.config, score_calibration=setting).write(folder)
+        print(f"written to {folder / 'ner_model.json'}")
     return 0
 
 
