@@ -57,14 +57,17 @@ def test_padellm_vs_ar_asks_an_open_model_more_labels_and_a_closed_one_refuses(t
 
     model = shutil.copytree(TINY, tmp_path / "tiny-open")
     config = json.loads((model / "ner_model.json").read_text())
-    (model / "ner_model.json").write_text(json.dumps({**config, "open_labels": True}))
+    (model / "ner_model.json").write_text(json.dumps({**config, "open_labels": True, "answers_past_count": True}))
     out = tmp_path / "labels.json"
     dev = str(data_dir / "conll2003" / "dev.txt")
     report = _report(_run("padellm_vs_ar.py", "--model", str(model), "--limit", "2", "--batch-sizes", "1", "--label-counts", "4,7",
-                          "--data", dev, "--json", str(out)), out)
+                          "--past-count-floor", "0.5", "--data", dev, "--json", str(out)), out)
     assert {r["labels"] for r in report["results"]} == {4, 7}
-    assert set(report["padellm_speedup_by_labels"]) == {"batch 1, 4 labels", "batch 1, 7 labels"}
-    assert all(r["identical"] for r in report["results"])
+    assert set(report["padellm_speedup_by_labels"]) == set(report["padellm_floor_speedup_by_labels"]) == {"batch 1, 4 labels", "batch 1, 7 labels"}
+    floored = {r["labels"]: r for r in report["results"] if r["variant"] == "padellm_floor"}
+    every = {r["labels"]: r for r in report["results"] if r["variant"] == "padellm_copy"}
+    assert all(floored[n]["tokens_fed_per_text"] <= every[n]["tokens_fed_per_text"] for n in (4, 7))  # fewer questions past a count
+    assert all(r["identical"] for r in report["results"] if r["variant"] != "padellm_floor")
     refused = _run("padellm_vs_ar.py", "--model", "tiny-conll03", "--limit", "1", "--label-counts", "4", "--data", dev)
     assert refused.returncode == 2 and "needs an open model" in refused.stderr
 
