@@ -14,7 +14,8 @@ For a batch of windows:
    cached count branch; the same batch decodes the rest of each count (normally its end token)
    to confirm it: a longer count re-asks that label's mentions. A model trained with past-count
    queries (``answers_past_count``) is also asked, for every count (0 too), the mention one past
-   it: the one a count one too low left out, or nothing;
+   it: the one a count one too low left out, or nothing; with a ``past_count_floor``, only where
+   the count's own distribution gives a further mention at least that probability;
 3. the answers that offset alignment would lose are re-asked (:mod:`.repairs`).
 
 With ``restricted_output`` (the engine's default) every count and mention answer is computed over
