@@ -15,7 +15,7 @@ noise hits them alike, at each batch size of ``--batch-sizes`` (default 1 and 16
   reference implementation's way (:mod:`benchmarks.reencoding`);
 * ``padellm_floor`` (with ``--past-count-floor P`` on a model trained past its counts): copy
   drafting, the mention past a count asked only where the model gives a further mention at least
-  ``P`` (``past_count_floor``), against ``padellm_copy`` with the engine's default floor.
+  ``P`` (``past_count_floor``), against ``padellm_copy`` with the model's own floor.
 
 Per variant: micro-F1, latency per text (mean, p50, p90 at batch 1), texts per second, forward
 passes and tokens fed per text, speed-up over the faster AR, and whether its entities are those

@@ -71,7 +71,7 @@ def _options(args: argparse.Namespace):
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     from general_decoding import available_decoders
     from ner_service.engine import DEFAULT_DECODER, DEFAULT_MODEL, DEFAULT_STRATEGY, available_strategies
-    from ner_service.engine.defaults import PAST_COUNT_FLOOR, PAST_COUNT_ROUNDS
+    from ner_service.engine.defaults import PAST_COUNT_ROUNDS
 
     parser.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder (default: %(default)s)")
     parser.add_argument("--strategy", default=None, help=f"how the model is asked (default {DEFAULT_STRATEGY}): {', '.join(available_strategies())}")
@@ -95,9 +95,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--past-count-rounds", type=int, default=PAST_COUNT_ROUNDS, metavar="N",
                         help="PaDeLLM on a model trained past its counts: ask up to N more mentions past a count, one after another, "
                              "while the model answers a new one (0: only the one past it; default: %(default)s)")
-    parser.add_argument("--past-count-floor", type=float, default=PAST_COUNT_FLOOR, metavar="P",
+    parser.add_argument("--past-count-floor", type=float, default=None, metavar="P",
                         help="PaDeLLM on a model trained past its counts: ask the mention past a label's count only where the model "
-                             "gives a further mention at least this probability (0: always; default: %(default)s)")
+                             "gives a further mention at least this probability (0: always; default: the model's past_count_floor)")
     parser.add_argument("--document-consistency", action=argparse.BooleanOptionalAction, default=None,
                         help="a name found in a text keeps one label throughout it and is tagged wherever it recurs (default: the model's)")
 

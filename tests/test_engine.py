@@ -277,6 +277,9 @@ def test_padellm_asks_past_a_count_only_where_the_model_gives_a_further_mention_
     past = {q.label for q in asked if q.past_count}
     assert past == {label for label, (_, more) in further.items() if more >= floor}
     assert [(q.count, q.k) for q in asked if not q.past_count] == [(1, 1)]  # the count's own mentions are always asked
+    with_floor = replace(model, config=replace(model.config, past_count_floor=0.3))
+    assert NEREngine(with_floor).strategy_options().past_count_floor == 0.3  # the model's ner_model.json, unless the call says
+    assert NEREngine(with_floor, past_count_floor=floor).strategy_options().past_count_floor == floor
 
 
 @pytest.mark.parametrize("rounds", [0, 1, 3, 5])

@@ -14,7 +14,3 @@ DEFAULT_DECODER = "copy"
 #: answer past the count is a new mention (:class:`StrategyOptions`): a count too low by more
 #: than one, found by the model's own "no further mention" answer rather than a per-label bias.
 PAST_COUNT_ROUNDS = 0
-#: PaDeLLM asks the mention past a label's count only where the model gives a further mention at
-#: least this probability (its count distribution's mass above the count): a label it is sure
-#: the text holds none of costs one count branch, not a count and a mention branch (0: always ask).
-PAST_COUNT_FLOOR = 0.0

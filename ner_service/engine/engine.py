@@ -22,7 +22,7 @@ from general_decoding import Decoder, get_decoder
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window, windows_of
 from ner_service.engine.count_bias import CountBias, CountBiasSetting
-from ner_service.engine.defaults import DEFAULT_DECODER, PAST_COUNT_FLOOR, PAST_COUNT_ROUNDS
+from ner_service.engine.defaults import DEFAULT_DECODER, PAST_COUNT_ROUNDS
 from ner_service.engine.cpu import torch_dtype
 from ner_service.engine.document_consistency import consistent_entities
 from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
@@ -53,9 +53,9 @@ class NEREngine:
                  speculated_counts: tuple[int, ...] | None = None, document_consistency: bool | None = None,
                  diffusion_sampler: "BlockDiffusionSampler | None" = None, restricted_output: bool = True,
                  calibrated_scores: bool = True, past_count_rounds: int = PAST_COUNT_ROUNDS,
-                 past_count_floor: float = PAST_COUNT_FLOOR) -> None:
-        """``max_window_tokens``, ``count_bias``, ``repair_unaligned`` and ``document_consistency``
-        default to the model's (``ner_model.json``: ``window_tokens``, else
+                 past_count_floor: float | None = None) -> None:
+        """``max_window_tokens``, ``count_bias``, ``repair_unaligned``, ``document_consistency`` and
+        ``past_count_floor`` default to the model's (``ner_model.json``: ``window_tokens``, else
         :data:`MAX_WINDOW_TOKENS`), ``speculated_counts`` to the device's
         (:data:`SPECULATED_COUNTS`); see :class:`StrategyOptions` for what each strategy setting
         does (``restricted_output`` False: PaDeLLM's answers over the whole output layer, the path
@@ -73,7 +73,7 @@ class NEREngine:
         self.diffusion_sampler = diffusion_sampler
         self.restricted_output = restricted_output
         self.past_count_rounds = past_count_rounds
-        self.past_count_floor = past_count_floor
+        self.past_count_floor = ner_model.config.past_count_floor if past_count_floor is None else past_count_floor
         self.score_calibrations = {strategy: ScoreCalibration.of(setting) for strategy, setting in ner_model.config.score_calibration.items()
                                    } if calibrated_scores else {}
 

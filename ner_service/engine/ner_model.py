@@ -58,6 +58,7 @@ class NERModelConfig:
     count_bias: CountBiasSetting = 0.0  # PaDeLLM: per unit of a count's first digit, for every label or per label (count_bias.py)
     repair_unaligned: bool = True  # PaDeLLM: re-ask a mention not in the text, restricted to its spans
     answers_past_count: bool = False  # trained with past-count queries: an empty mention answer says "no such mention", kept
+    past_count_floor: float = 0.0  # PaDeLLM asks past a count only where a further mention has this probability (0: always); chosen on dev
     sentence_windows: bool = False  # read each sentence as a window of its own (trained on single sentences)
     window_tokens: int | None = None  # the longest window read, in text tokens (None: the engine's); chosen on dev
     document_consistency: bool = False  # a name keeps one label in a text and is tagged wherever it recurs (document_consistency.py)
