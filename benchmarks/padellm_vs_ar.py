@@ -209,6 +209,11 @@ def phase_plot(path: Path, rows: list[dict], title: str) -> Path:
     return save_figure(figure, path)
 
 
+def speedups_by_labels(rows: list[dict], variant: str) -> dict[str, float]:
+    """``variant``'s speed-up over the faster AR, keyed by batch size and number of labels asked."""
+    return {f"batch {r['batch']}, {r['labels']} labels": r["speedup_vs_ar"] for r in rows if r["variant"] == variant}
+
+
 def main() -> None:
     parser = benchmark_parser(__doc__, "padellm_vs_ar", limit=100)
     parser.add_argument("--batch-sizes", default="1,16", help="comma-separated (default %(default)s)")
@@ -241,10 +246,8 @@ def main() -> None:
                        "tokens_fed_per_text", "speedup_vs_ar", "identical"])
     path = write_json(args.json, {"benchmark": "padellm_vs_ar", "model": args.model, "n_sentences": len(examples),
                                   "dtype": args.dtype, "device": args.device, "results": rows,
-                                  "padellm_speedup_by_labels": {f"batch {r['batch']}, {r['labels']} labels": r["speedup_vs_ar"]
-                                                                for r in rows if r["variant"] == "padellm_copy"},
-                                  **({"padellm_floor_speedup_by_labels": {f"batch {r['batch']}, {r['labels']} labels": r["speedup_vs_ar"]
-                                                                          for r in rows if r["variant"] == "padellm_floor"}}
+                                  "padellm_speedup_by_labels": speedups_by_labels(rows, "padellm_copy"),
+                                  **({"padellm_floor_speedup_by_labels": speedups_by_labels(rows, "padellm_floor")}
                                      if args.past_count_floor is not None else {})})
     labels = [f"b{r['batch']} {r['labels']}l {r['variant']}" for r in rows]
     png = bar_plots(path.with_suffix(".png"), labels, {

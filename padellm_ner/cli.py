@@ -230,14 +230,14 @@ def cmd_calibrate_counts(args: argparse.Namespace) -> int:
 def cmd_calibrate_scores(args: argparse.Namespace) -> int:
     from ner_service.engine import NEREngine
     from ner_service.engine.cpu import configure_threads
-    from training.score_calibration import calibrate_on_halves, calibration_table
+    from training.score_calibration import calibrate_on_halves, calibration_setting, calibration_table
 
     configure_threads(args.threads)
     engine = NEREngine.load(args.model, dtype=args.dtype, device=args.device, calibrated_scores=False)
     strategies = args.strategies.split(",") if args.strategies else [engine.options().strategy]
     found = calibrate_on_halves(engine, args.path, strategies, args.batch_size, args.limit)  # fitted on one half, measured on both
     print(calibration_table(found))
-    setting = {**engine.ner_model.config.score_calibration, **{f.strategy: f.calibration.as_dict() for f in found}}
+    setting = calibration_setting(engine.ner_model.config.score_calibration, found)
     return _chosen_setting(args, engine, "score_calibration", setting)
 
 

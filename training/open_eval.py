@@ -56,9 +56,8 @@ def calibrate_open_model(engine: NEREngine, data: Path, limit: int, batch_size: 
     ask: on each zero-shot corpus's texts ``limit`` to ``2 * limit`` and the first ``limit`` texts of
     CoNLL-03's and Resume's choosing halves, each asked its own names; measured on what the scores
     are reported on, each zero-shot corpus's first ``limit`` texts and the reporting halves'. A map
-    that makes the reporting texts' ECE worse is not kept (:func:`fit_where_it_carries`)."""
-    from training.score_calibration import (StrategyCalibration, at_thresholds, calibrated_mentions, fit_where_it_carries,
-                                            scored_mentions)
+    that makes the reporting texts' ECE worse is not kept (:func:`training.score_calibration.fit_where_it_carries`)."""
+    from training.score_calibration import measured_calibration, scored_mentions
 
     asked = [(h.examples[limit:], h.examples[:limit], h.labels) for h in zero_shot_sets(data / "open", 2 * limit)]
     for corpus, relative in SUPERVISED_DEV.items():
@@ -71,8 +70,7 @@ def calibrate_open_model(engine: NEREngine, data: Path, limit: int, batch_size: 
         choose += scored_mentions(engine, choosing, options, batch_size, "choose")[0]
         found, total = scored_mentions(engine, reporting, options, batch_size, "report")
         report, gold = report + found, gold + total
-    calibration, ece, not_carried = fit_where_it_carries(choose, report)
-    return StrategyCalibration("padellm", calibration, ece, at_thresholds(calibrated_mentions(report, calibration), gold), not_carried)
+    return measured_calibration("padellm", choose, report, gold)
 
 
 def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine, dict]:
@@ -142,12 +140,12 @@ def _calibrate(model: str, data: Path, limit: int, write: bool) -> int:
     from dataclasses import replace
 
     from ner_service.engine.ner_model import resolve_ner_model
-    from training.score_calibration import calibration_table
+    from training.score_calibration import calibration_setting, calibration_table
 
     engine = NEREngine.load(model, dtype="auto", calibrated_scores=False)
     found = calibrate_open_model(engine, data, limit)
     print(calibration_table([found]))
-    setting = {**engine.ner_model.config.score_calibration, "padellm": found.calibration.as_dict()}
+    setting = calibration_setting(engine.ner_model.config.score_calibration, [found])
     print(f"score_calibration: {json.dumps(setting)}")
     if write:
         folder = resolve_ner_model(model)

@@ -154,10 +154,21 @@ def calibrate_on_halves(engine: NEREngine, path: str | Path, strategies: Sequenc
         options = engine.options(None, strategy, None)
         scored = {half: scored_mentions(engine, examples[:limit], options, batch_size, f"{strategy} {half} half")
                   for half, examples in (("choose", halves.choose), ("report", halves.report))}
-        calibration, ece, not_carried = fit_where_it_carries(scored["choose"][0], scored["report"][0])
-        report, gold = scored["report"]
-        found.append(StrategyCalibration(strategy, calibration, ece, at_thresholds(calibrated_mentions(report, calibration), gold), not_carried))
+        found.append(measured_calibration(strategy, scored["choose"][0], *scored["report"]))
     return found
+
+
+def measured_calibration(strategy: str, choose: Sequence[ScoredMention], report: Sequence[ScoredMention],
+                         report_gold: int) -> StrategyCalibration:
+    """The map fitted on ``choose`` where it carries to ``report`` (:func:`fit_where_it_carries`), with
+    the precision and recall it gives ``report`` (``report_gold`` gold mentions) at the card's thresholds."""
+    calibration, ece, not_carried = fit_where_it_carries(choose, report)
+    return StrategyCalibration(strategy, calibration, ece, at_thresholds(calibrated_mentions(report, calibration), report_gold), not_carried)
+
+
+def calibration_setting(current: dict[str, dict[str, float]], found: Sequence[StrategyCalibration]) -> dict[str, dict[str, float]]:
+    """A model's ``score_calibration`` with the fitted maps of ``found`` in place of its own for those strategies."""
+    return {**current, **{f.strategy: f.calibration.as_dict() for f in found}}
 
 
 def fit_where_it_carries(choose: Sequence[ScoredMention], report: Sequence[ScoredMention]

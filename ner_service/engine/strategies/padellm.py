@@ -104,7 +104,7 @@ class PaDeLLM(Strategy):
         # The count's remaining digits (usually just the end token) are decoded in the same
         # batch as the mention queries, which assume the count is complete.
         past_count = self.ner_model.config.answers_past_count
-        queries = [q for q in mention_queries(counts, past_count) if not q.past_count or counted.further_likely(q, self.options.past_count_floor)]
+        queries = self._mention_queries(counts, counted)
         with stats.phase("mention"):
             answers, continued = self._ask(runner, queries, counted.confirm, decoder, stats)
             # rare: a count of several tokens; ask that label's mentions again, at most one per
@@ -113,7 +113,7 @@ class PaDeLLM(Strategy):
             if longer:
                 kept = [i for i, q in enumerate(queries) if q.window_label not in longer]
                 queries, answers = [queries[i] for i in kept], [answers[i] for i in kept]
-                again = mention_queries(longer, past_count)
+                again = self._mention_queries(longer, counted)
                 queries += again
                 answers += self._ask(runner, again, [], decoder, stats)[0]
             if past_count and self.options.past_count_rounds:
@@ -127,6 +127,12 @@ class PaDeLLM(Strategy):
             mention = answer.mention
             found[query.window_index].append(replace(mention, logprob=counted.held_logprob(query) + mention.logprob))
         return found
+
+    def _mention_queries(self, counts: dict[WindowLabel, int], counted: Counts) -> list[MentionQuery]:
+        """The mention queries of ``counts``: each k up to the count and, for a model trained past its
+        counts, the one past it where the model gives a further mention at least ``past_count_floor``."""
+        queries = mention_queries(counts, self.ner_model.config.answers_past_count)
+        return [q for q in queries if not q.past_count or counted.further_likely(q, self.options.past_count_floor)]
 
     def _ask_past_new_mentions(self, runner: QueryRunner, windows: list[Window], queries: list[MentionQuery], answers: list[Answer], decoder: Decoder,
                                stats: ExtractionStats) -> tuple[list[MentionQuery], list[Answer]]:
