@@ -4,6 +4,7 @@ them; a script whose model is missing ends with one line and status 2."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -303,3 +304,18 @@ def test_cpu_inference_times_todays_path_against_the_new_default_in_one_run(tmp_
     assert all(r["part_ms_per_text"]["output layer"] > 0 for r in rows)  # the whole layer (baseline, AR) and the restricted rows
     assert f"{report['default_dtype']}_threads{report['default_threads']}" in report["matmul_peak_gflops"]
     assert all(value > 0 for value in report["matmul_peak_gflops"].values())
+
+
+def test_llama_cpp_backend_runs_padellm_on_llama_cpp_beside_the_default_or_says_what_it_needs(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "llama_cpp_backend.json"
+    done = _run("llama_cpp_backend.py", "--limit", "2", "--batch-sizes", "1,2", "--weights", "bf16",
+                "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out))
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("gguf") is None:
+        assert "pip install llama-cpp-python gguf" in _one_line_exit(done)
+        return
+    report = _report(done, out)
+    rows = report["results"]
+    assert [(r["batch"], r["arm"]) for r in rows] == [(1, "torch"), (1, "llama.cpp bf16"), (2, "torch"), (2, "llama.cpp bf16")]
+    # the same strategy over the same merged weights: these two sentences' entities come back alike
+    assert all(r["identical_texts"] == 2 and r["f1"] == rows[0]["f1"] for r in rows)
+    assert report["bf16_speedup_batch1"] > 0 and report["load_seconds"]["llama.cpp bf16"] > 0

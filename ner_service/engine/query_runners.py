@@ -53,6 +53,17 @@ def chosen(logprobs: SparseLogprobs, constraints: Sequence[TokenConstraint], row
     return choose(logprobs.to_dense(), constraints, rows, outputs).tolist()
 
 
+def emit(result: Generation, row: int, token: int, logprob: float, stop: StopCriteria) -> bool:
+    """Add ``token`` to ``row``'s answer in ``result``; whether the row goes on (no stop token, room left)."""
+    result.scores[row] += logprob
+    if token in stop.stop_token_ids:
+        result.stopped[row] = True
+        return False
+    result.tokens[row].append(token)
+    result.token_logprobs[row].append(logprob)
+    return len(result.tokens[row]) < stop.max_new_tokens
+
+
 class QueryRunner(Protocol):
     """Runs a strategy's queries behind the prefixes of one batch's windows."""
 
@@ -147,7 +158,7 @@ class SharedPrefixRunner:
                 asked.append(r)
                 continue
             (token,) = chosen(cached, constraints, [r], [[]])
-            if self._emit(result, r, token, cached.picked([token])[0], stop):
+            if emit(result, r, token, cached.picked([token])[0], stop):
                 candidates = copy_candidates(prefix.tokens[branch.window_index], token, MENTION_DRAFT_TOKENS) if drafts else []
                 if constraints:
                     candidates = [c for c in (admissible_draft(c, constraints, r, [token]) for c in candidates) if c]
@@ -167,7 +178,7 @@ class SharedPrefixRunner:
             logprobs = forward.logprobs(nodes, vocabulary.rows(asked) if vocabulary is not None else None)
             first = chosen(logprobs, constraints, asked, [[] for _ in asked])
             for r, node, token, logprob in zip(asked, nodes, first, logprobs.picked(first)):
-                if self._emit(result, r, token, logprob, stop):
+                if emit(result, r, token, logprob, stop):
                     last[r], pending[r] = node, token
         for r in known:
             node, token = self._verify(forward, index[r], result, r, stop, constraints, vocabulary)
@@ -178,17 +189,6 @@ class SharedPrefixRunner:
         stats.kv_cache_bytes = max(stats.kv_cache_bytes, forward.bytes())
         count_generation(stats, result)
         return result
-
-    @staticmethod
-    def _emit(result: Generation, row: int, token: int, logprob: float, stop: StopCriteria) -> bool:
-        """Add ``token`` to ``row``'s answer; whether the row goes on (no stop token, room left)."""
-        result.scores[row] += logprob
-        if token in stop.stop_token_ids:
-            result.stopped[row] = True
-            return False
-        result.tokens[row].append(token)
-        result.token_logprobs[row].append(logprob)
-        return len(result.tokens[row]) < stop.max_new_tokens
 
     def _verify(self, forward: BranchForward, fed_row: int, result: Generation, row: int, stop: StopCriteria,
                 constraints: Sequence[TokenConstraint], vocabulary: RowVocabulary | None = None) -> tuple[Node | None, int]:
@@ -202,7 +202,7 @@ class SharedPrefixRunner:
         while True:
             row_lp = logprobs[row_of[node]:row_of[node] + 1]
             (token,) = chosen(row_lp, constraints, [row], [result.tokens[row]])
-            goes_on = self._emit(result, row, token, row_lp.picked([token])[0], stop)
+            goes_on = emit(result, row, token, row_lp.picked([token])[0], stop)
             following = forward.child(node, token)
             if not goes_on:
                 return None, token
