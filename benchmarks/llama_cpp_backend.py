@@ -145,8 +145,11 @@ class LlamaCppRunner:
         values = torch.from_numpy(logits)
         if rows is None:
             return SparseLogprobs.dense(torch.log_softmax(values, dim=-1))
-        kept = values[:, rows.ids].masked_fill(~rows.member, float("-inf"))
-        return SparseLogprobs(torch.log_softmax(kept, dim=-1), rows.ids, rows.vocab_size)
+        return rows.normalised(values[:, rows.ids])
+
+    def _rows(self, branches: list[tuple[int, list[int]]]):
+        """The RowVocabulary of ``(window index, tokens)`` branches, or None (no restriction, or no branch)."""
+        return None if self.vocabulary is None or not branches else self.vocabulary.rows(branches)
 
     def encode(self, branches: list[list[int]], stats):
         import numpy as np
@@ -172,8 +175,7 @@ class LlamaCppRunner:
             for sequence in sequences:
                 model.release(sequence)
         stats.forward_passes += 1
-        rows = self.vocabulary.rows([(w, b) for w in range(windows) for b in branches]) if self.vocabulary is not None and branches else None
-        found = self._logprobs(np.concatenate(logits), rows)
+        found = self._logprobs(np.concatenate(logits), self._rows([(w, b) for w in range(windows) for b in branches]))
         return found[torch.arange(windows * len(branches)).reshape(windows, len(branches))]
 
     def decode(self, branches, decoder, max_new_tokens: int, stats, constraints=()):
@@ -185,7 +187,7 @@ class LlamaCppRunner:
         model, windows = self.model, len(self.windows)
         stop = StopCriteria(max_new_tokens, self.ner_model.query_stop_token_ids)
         result = empty_generation(len(branches))
-        vocabulary = self.vocabulary.rows([(b.window_index, b.tokens) for b in branches]) if self.vocabulary is not None and branches else None
+        vocabulary = self._rows([(b.window_index, b.tokens) for b in branches])
         room = model.n_seq_max - windows
         for first in range(0, len(branches), room):
             group = list(range(first, min(len(branches), first + room)))

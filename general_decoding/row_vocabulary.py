@@ -166,7 +166,12 @@ class RowVocabulary:
         logits = torch.nn.functional.linear(hidden, weight, bias).float()
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
-        member = self.member.to(logits.device)[:, None, :]
+        return self.normalised(logits)
+
+    def normalised(self, logits: torch.Tensor) -> SparseLogprobs:
+        """Float32 ``logits`` over the columns of :attr:`ids` (``[rows, ..., len(ids)]``, row i of
+        this vocabulary; overwritten) as each row's log-probabilities over its own tokens."""
+        member = self.member.to(logits.device).view(len(self), *[1] * (logits.dim() - 2), len(self.ids))
         kept = logits.masked_fill_(~member, float("-inf")).log_softmax(-1)
         return SparseLogprobs(kept, self.ids.to(kept.device), self.vocab_size)
 
