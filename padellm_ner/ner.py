@@ -9,7 +9,7 @@ entities, get plain dicts back.
 Labels are names, or ``{"name": ..., "description": ...}`` for an open-label model; they go to
 the engine's options (:meth:`ner_service.engine.ExtractOptions.validated`) as they are, so a
 label the model cannot answer is refused here as everywhere else. ``threshold`` drops entities
-whose score (the probability the model gave them) is below it.
+whose score (the probability the model gave them) is below it; by default none, as everywhere.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ner_service.engine import Extraction, NEREngine
 
-#: GLiNER's default: a mention the model gives less than even odds is left out.
-DEFAULT_THRESHOLD = 0.5
+#: The default of every entry point (:func:`ner_service.engine.results.checked_threshold`): every
+#: entity the model's counts give. A threshold trades recall for precision, and how much depends
+#: on the model: on labels it never saw, ``open`` gives most right mentions less than even odds.
+DEFAULT_THRESHOLD = None
 
 Label = str | Mapping[str, str]
 
@@ -49,7 +51,7 @@ class PadeLLMNER:
         """The labels answered when none are named."""
         return self.engine.labels
 
-    def extract(self, texts: Sequence[str], labels: Sequence[Label] | None = None, threshold: float = DEFAULT_THRESHOLD,
+    def extract(self, texts: Sequence[str], labels: Sequence[Label] | None = None, threshold: float | None = DEFAULT_THRESHOLD,
                 strategy: str | None = None, decoder: str | None = None) -> list[Extraction]:
         """The engine's :class:`Extraction` of each text (entities and the batch's cost), below
         ``threshold`` dropped."""
@@ -61,7 +63,7 @@ class PadeLLMNER:
         options = self.engine.options(labels, strategy or self.strategy, decoder or self.decoder)
         return [result.above(threshold) for result in self.engine.extract_with(options, list(texts))]
 
-    def predict_entities(self, text: str, labels: Sequence[Label] | None = None, threshold: float = DEFAULT_THRESHOLD,
+    def predict_entities(self, text: str, labels: Sequence[Label] | None = None, threshold: float | None = DEFAULT_THRESHOLD,
                          strategy: str | None = None, decoder: str | None = None) -> list[dict[str, Any]]:
         """The entities of ``text`` as ``{"start", "end", "text", "label", "score"}`` dicts in
         reading order (``end`` exclusive; ``text[start:end]`` is the mention). ``labels`` None:
@@ -72,7 +74,7 @@ class PadeLLMNER:
         return [_entity(e) for e in result.entities]
 
     def batch_predict_entities(self, texts: Sequence[str], labels: Sequence[Label] | None = None,
-                               threshold: float = DEFAULT_THRESHOLD, strategy: str | None = None,
+                               threshold: float | None = DEFAULT_THRESHOLD, strategy: str | None = None,
                                decoder: str | None = None) -> list[list[dict[str, Any]]]:
         """:meth:`predict_entities` of each text, in one engine call."""
         return [[_entity(e) for e in result.entities] for result in self.extract(texts, labels, threshold, strategy, decoder)]

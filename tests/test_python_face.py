@@ -43,7 +43,7 @@ def test_threshold_drops_exactly_the_entities_scored_below_it(ner) -> None:
     kept = ner.batch_predict_entities(TEXTS, threshold=cut)
     assert kept == [[e for e in entities if e["score"] >= cut] for entities in everything]
     assert 0 < sum(map(len, kept)) < len(scores)
-    assert ner.batch_predict_entities(TEXTS) == ner.batch_predict_entities(TEXTS, threshold=padellm_ner.DEFAULT_THRESHOLD)
+    assert ner.batch_predict_entities(TEXTS) == everything  # by default every entity, as in the API, the CLI and spaCy
 
 
 def test_batch_is_predict_of_each_text_and_labels_are_checked(ner) -> None:
