@@ -25,6 +25,7 @@ def test_a_bad_open_label_list_is_refused_naming_the_entry_and_the_reason() -> N
     cases = {
         "is empty": [""],
         "asked twice": ["drug", "dose", "drug"],
+        "'drug name' is asked twice": ["drug_name", "drug name"],  # a query writes both as the same words
         "10,000 characters": ["x" * 10_000],
         f"at most {MAX_OPEN_LABELS}": [f"type {n}" for n in range(MAX_OPEN_LABELS + 1)],
         "line break": ["drug\ndose"],
@@ -62,6 +63,10 @@ def test_an_open_model_answers_each_label_under_the_name_given_with_or_without_i
     assert {e.label for e in open_engine.extract([SENTENCE], labels=asked, strategy="ar")[0].entities} <= {"PER", "LOC"}
     only_places = open_engine.extract([SENTENCE], labels=["LOC"])[0].entities
     assert [(e.text, e.label) for e in only_places] == [("Paris", "LOC")]
+    # a name's underscores are read as spaces; the name comes back as given
+    assert prompts.label_prompt("restaurant_name") == "restaurant name"
+    under_another = open_engine.extract([SENTENCE], labels=["_LOC_"])[0].entities
+    assert [(e.text, e.label) for e in under_another] == [("Paris", "_LOC_")]
 
 
 def test_the_ar_query_of_an_open_model_lists_its_labels_and_its_lines_are_read_by_them() -> None:

@@ -76,9 +76,11 @@ def ar_query(labels: Sequence[str] | None = None) -> str:
 
 
 def label_prompt(name: str, description: str | None = None) -> str:
-    """How a query writes a label asked at call time: its name, and its description in brackets
+    """How a query writes a label asked at call time: its name as words (``restaurant_name`` as
+    ``restaurant name``: an open model learnt names written so), and its description in brackets
     when it has one (``drug (a medicine or its active substance)``)."""
-    return f"{name} ({description})" if description else name
+    words = " ".join(name.replace("_", " ").split()) or name
+    return f"{words} ({description})" if description else words
 
 
 def ar_answer(mentions: list[tuple[str, str]]) -> str:
