@@ -113,7 +113,7 @@ def plot(path: Path, results: list[dict], reference_f1: float | None, title: str
 
 def main() -> None:
     parser = benchmark_parser(__doc__, "fast_dllm", 200, model=RECIPE,
-                              model_help=f"a diffusion NER model, from padellm-ner train --recipe {RECIPE} or train-diffusion")
+                              model_help=f"a diffusion NER model, from padellm-ner train --recipe {RECIPE} or train-diffusion", dtype=True)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--padellm", default="en-conll03", help="PaDeLLM model scored on the same texts ('' to skip)")
     parser.add_argument("--block-sizes", default=",".join(map(str, BLOCK_SIZES)))
@@ -125,7 +125,7 @@ def main() -> None:
     args = parser.parse_args()
     require_model("fast_dllm", args.model, RECIPE)
 
-    engine = NEREngine.load(args.model)
+    engine = NEREngine.load(args.model, dtype=args.dtype)
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
     configs = variants([int(b) for b in args.block_sizes.split(",")], [float(t) for t in args.thresholds.split(",")],
                        [None if every == "first" else int(every) for every in args.full_forward_every.split(",") if every])
@@ -160,7 +160,7 @@ def main() -> None:
         })
     reference = None
     if args.padellm:
-        report = evaluate_engine(NEREngine.load(args.padellm), examples, strategy="padellm", batch_size=args.batch_size)
+        report = evaluate_engine(NEREngine.load(args.padellm, dtype=args.dtype), examples, strategy="padellm", batch_size=args.batch_size)
         reference = {"model": args.padellm, "strategy": "padellm", "f1": report["micro_f1"], "texts_per_s": len(examples) / report["seconds"]}
     print(f"\n{args.model} on {len(examples)} CoNLL-03 dev sentences, batches of {args.batch_size}, float32, "
           f"{torch.get_num_threads()} threads; speed-up over the baseline sampler of the same block size")
@@ -168,6 +168,7 @@ def main() -> None:
     if reference:
         print(f"reference: {reference['model']} (PaDeLLM) F1 {reference['f1']:.2f} at {reference['texts_per_s']:.2f} texts/s on the same texts")
     path = write_json(args.json, {"benchmark": "fast_dllm", "model": args.model, "n_sentences": len(examples),
+                                  "dtype": str(engine.ner_model.model.dtype).removeprefix("torch."),
                                   "batch_size": args.batch_size, "threads": torch.get_num_threads(), "reference": reference,
                                   "results": results})
     png = plot(path.with_suffix(".png"), results, reference["f1"] if reference else None,

@@ -73,7 +73,7 @@ def measure(lud: NEREngine, lud_decoders: dict[str, Decoder], texts: list[str], 
 
 def main() -> None:
     parser = benchmark_parser(__doc__, "lud", limit=100, limit_help="dev sentences", model=RECIPE,
-                              model_help=f"the LUD model (name or folder; padellm-ner train --recipe {RECIPE} writes runs/{RECIPE})")
+                              model_help=f"the LUD model (name or folder; padellm-ner train --recipe {RECIPE} writes runs/{RECIPE})", dtype=True)
     parser.add_argument("--threshold", type=float, default=0.9, help="placeholder confidence that extends a unit")
     parser.add_argument("--min-probability", type=float, default=0.5,
                         help="the narrower verified arm: a draft stops before a placeholder prediction less probable than this")
@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     require_model("lud", args.model, RECIPE)
 
-    lud = NEREngine.load(args.model)
+    lud = NEREngine.load(args.model, dtype=args.dtype)
     unit_size = lud.ner_model.config.lud_unit_size or 4
     decoders = {"lud": get_decoder("lud", unit_size=unit_size),
                 f"lud, units of {unit_size - 1}": get_decoder("lud", unit_size=unit_size - 1),
@@ -107,7 +107,8 @@ def main() -> None:
     print(f"\n{args.model} (lud, threshold {args.threshold}) against its own {', '.join(REFERENCES)}, "
           f"{len(texts)} sentences, {torch.get_num_threads()} threads")
     print_table(rows, ["strategy", "batch", "decoder", "speedup_vs_greedy", "ms_per_text", "tokens_per_forward", "micro_f1", "unfinished_answers"])
-    path = write_json(args.json, {"benchmark": "lud", "model": args.model, "references": list(REFERENCES),
+    path = write_json(args.json, {"benchmark": "lud", "model": args.model, "dtype": str(lud.ner_model.model.dtype).removeprefix("torch."),
+                                  "references": list(REFERENCES),
                                   "threshold": args.threshold, "n_sentences": len(texts), "results": rows})
     png = bar_plots(path.with_suffix(".png"), [f"{r['strategy']} b{r['batch']} {r['decoder']}" for r in rows], {
         "speed-up over greedy": [r["speedup_vs_greedy"] for r in rows],

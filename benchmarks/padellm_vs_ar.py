@@ -30,7 +30,7 @@ F1 is of the file's labels.
 
 Usage: python benchmarks/padellm_vs_ar.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
        [--batch-sizes 1,16] [--label-counts 4,12,24] [--past-count-floor P] [--device cpu|cuda]
-       [--dtype float32|bfloat16]
+       [--dtype auto|float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -215,9 +215,8 @@ def speedups_by_labels(rows: list[dict], variant: str) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__, "padellm_vs_ar", limit=100)
+    parser = benchmark_parser(__doc__, "padellm_vs_ar", limit=100, dtype=True)
     parser.add_argument("--batch-sizes", default="1,16", help="comma-separated (default %(default)s)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--label-counts", default=None, help="an open model: comma-separated numbers of labels to ask (e.g. 4,12,24)")
     parser.add_argument("--past-count-floor", type=float, default=None, metavar="P",
@@ -227,7 +226,7 @@ def main() -> None:
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
     texts = [e.text for e in examples]
     gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
-    engine = NEREngine.load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    engine = NEREngine.load(args.model, dtype=args.dtype, device=args.device)
     meter = ForwardMeter(engine.ner_model.model.get_decoder())
     label_sets: list[dict[str, str] | None] = [None]
     if args.label_counts:
@@ -241,11 +240,12 @@ def main() -> None:
             found = rows_of(measure(engine, texts, batch_size, meter, labels, args.past_count_floor), gold, batch_size)
             rows += [{**row, "labels": len(labels) if labels else len(engine.ner_model.config.labels)} for row in found]
     where = f"{args.device}" + ("" if args.device != "cpu" else f", {torch.get_num_threads()} threads")
-    print(f"\n{args.model} on {len(examples)} sentences of {args.data}, {args.dtype}, {where}")
+    dtype = str(engine.ner_model.model.dtype).removeprefix("torch.")
+    print(f"\n{args.model} on {len(examples)} sentences of {args.data}, {dtype}, {where}")
     print_table(rows, ["batch", "labels", "variant", "f1", "ms_per_text", "p50_ms", "p90_ms", "texts_per_s", "forwards_per_text",
                        "tokens_fed_per_text", "speedup_vs_ar", "identical"])
     path = write_json(args.json, {"benchmark": "padellm_vs_ar", "model": args.model, "n_sentences": len(examples),
-                                  "dtype": args.dtype, "device": args.device, "results": rows,
+                                  "dtype": dtype, "device": args.device, "results": rows,
                                   "padellm_speedup_by_labels": speedups_by_labels(rows, "padellm_copy"),
                                   **({"padellm_floor_speedup_by_labels": speedups_by_labels(rows, "padellm_floor")}
                                      if args.past_count_floor is not None else {})})

@@ -13,14 +13,19 @@ CONLL_DEV = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / 
 
 
 def benchmark_parser(doc: str | None, name: str, limit: int, limit_help: str = "number of dev sentences",
-                     model: str = "en-conll03", model_help: str | None = None) -> argparse.ArgumentParser:
+                     model: str = "en-conll03", model_help: str | None = None, dtype: bool = False) -> argparse.ArgumentParser:
     """A parser with the options every benchmark takes: ``--limit``, ``--json`` (default
-    ``benchmarks/results/NAME.json``), ``--model`` and ``--data`` (CoNLL-03 dev)."""
+    ``benchmarks/results/NAME.json``), ``--model`` and ``--data`` (CoNLL-03 dev); with ``dtype``,
+    ``--dtype`` of the model's weights (default ``auto``, the service's: bfloat16 where the CPU has
+    bfloat16 instructions)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=limit, help=f"{limit_help} (default %(default)s)")
     parser.add_argument("--json", default=f"benchmarks/results/{name}.json")
     parser.add_argument("--model", default=model, help=model_help)
     parser.add_argument("--data", default=str(CONLL_DEV))
+    if dtype:
+        parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                            help="the weights' dtype (default %(default)s: the service's)")
     return parser
 
 

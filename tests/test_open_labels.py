@@ -183,6 +183,9 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
     result = json.loads(line)
     assert set(result["scores"]) == set(ZERO_SHOT_CORPORA) | {"conll2003", "resume"}
     assert result["scores"]["conll2003"]["texts"] == 3 and all(0 <= s["micro_f1"] <= 100 for s in result["scores"].values())
+    for score in result["scores"].values():  # F1 is the harmonic mean of the precision and recall given beside it
+        p, r = score["precision"], score["recall"]
+        assert score["micro_f1"] == pytest.approx(2 * p * r / (p + r) if p + r else 0.0, abs=0.02)
     assert result["zero_shot_average"] == pytest.approx(sum(result["scores"][c]["micro_f1"] for c in ZERO_SHOT_CORPORA) / 7, abs=0.01)
 
     before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]

@@ -33,7 +33,7 @@ def named(examples: list[Example], names: dict[str, str]) -> list[Example]:
 
 
 def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit: int, batch_size: int = 16) -> dict:
-    """Micro-F1 of each zero-shot corpus and of each supervised dev (first ``supervised_limit``
+    """Micro-F1 (precision, recall) of each zero-shot corpus and of each supervised dev (first ``supervised_limit``
     texts; None: all), and the zero-shot average."""
     held_outs = zero_shot_sets(data / "open", limit)
     asked = [(h.corpus, h.examples, h.labels, h.split) for h in held_outs]
@@ -45,7 +45,8 @@ def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit
         for corpus, examples, labels, split in asked:
             bar.set_postfix_str(corpus)
             report = evaluate_engine(engine, examples, labels=labels, batch_size=batch_size, progress=False)
-            scores[corpus] = {"micro_f1": round(report["micro_f1"], 2), "texts": len(examples), "split": split}
+            scores[corpus] = {"micro_f1": round(report["micro_f1"], 2), "precision": round(report["precision"], 2),
+                              "recall": round(report["recall"], 2), "texts": len(examples), "split": split}
             bar.update(len(examples))
     zero_shot = statistics.fmean(scores[h.corpus]["micro_f1"] for h in held_outs)
     return {"zero_shot_average": round(zero_shot, 2), "scores": scores}
