@@ -162,13 +162,14 @@ def main() -> None:
     if args.padellm:
         report = evaluate_engine(NEREngine.load(args.padellm, dtype=args.dtype), examples, strategy="padellm", batch_size=args.batch_size)
         reference = {"model": args.padellm, "strategy": "padellm", "f1": report["micro_f1"], "texts_per_s": len(examples) / report["seconds"]}
-    print(f"\n{args.model} on {len(examples)} CoNLL-03 dev sentences, batches of {args.batch_size}, float32, "
+    dtype = str(engine.ner_model.model.dtype).removeprefix("torch.")
+    print(f"\n{args.model} on {len(examples)} CoNLL-03 dev sentences, batches of {args.batch_size}, {dtype}, "
           f"{torch.get_num_threads()} threads; speed-up over the baseline sampler of the same block size")
     print_table(results, ["variant", "block_size", "threshold", "factor", "tokens_per_s", "texts_per_s", "speedup", "forwards_per_text", "f1"])
     if reference:
         print(f"reference: {reference['model']} (PaDeLLM) F1 {reference['f1']:.2f} at {reference['texts_per_s']:.2f} texts/s on the same texts")
     path = write_json(args.json, {"benchmark": "fast_dllm", "model": args.model, "n_sentences": len(examples),
-                                  "dtype": str(engine.ner_model.model.dtype).removeprefix("torch."),
+                                  "dtype": dtype,
                                   "batch_size": args.batch_size, "threads": torch.get_num_threads(), "reference": reference,
                                   "results": results})
     png = plot(path.with_suffix(".png"), results, reference["f1"] if reference else None,

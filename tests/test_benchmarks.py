@@ -89,6 +89,16 @@ def test_skinny_linear_times_each_number_of_fed_tokens(tmp_path: Path, data_dir:
     assert all(r["linear_ms"] > 0 and r["skinny_ms"] > 0 for r in report["results"])
 
 
+def test_torch_compile_runs_compiled_layers_beside_eager_on_the_same_texts(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "torch_compile.json"
+    report = _report(_run("torch_compile.py", "--model", "tiny-conll03", "--limit", "2", "--batch-sizes", "2", "--dtype", "float32",
+                          "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    assert {(r["arm"], r["batch"]) for r in report["results"]} == {("eager", 2), ("compiled", 2)}
+    compiled = next(r for r in report["results"] if r["arm"] == "compiled")
+    assert compiled["same_entities"] == 2 and compiled["first_batch_s"] > 0  # float32: the same answers
+    assert report["speedup_batch2"] == compiled["speedup"] > 0
+
+
 def test_one_sequence_matches_the_batched_engine_in_every_bucket(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "one_sequence.json"
     report = _report(_run("one_sequence.py", "--model", "tiny-conll03", "--limit", "1", "--repeats", "1",
