@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import benchmark_parser, print_table, require_model, save_figure, write_json  # noqa: E402
+from benchmarks.reporting import benchmark_parser, dtype_name, print_table, require_model, save_figure, write_json  # noqa: E402
 from general_decoding.diffusion import (  # noqa: E402
     BlockDiffusionSampler,
     FactorUnmasking,
@@ -162,7 +162,7 @@ def main() -> None:
     if args.padellm:
         report = evaluate_engine(NEREngine.load(args.padellm, dtype=args.dtype), examples, strategy="padellm", batch_size=args.batch_size)
         reference = {"model": args.padellm, "strategy": "padellm", "f1": report["micro_f1"], "texts_per_s": len(examples) / report["seconds"]}
-    dtype = str(engine.ner_model.model.dtype).removeprefix("torch.")
+    dtype = dtype_name(engine)
     print(f"\n{args.model} on {len(examples)} CoNLL-03 dev sentences, batches of {args.batch_size}, {dtype}, "
           f"{torch.get_num_threads()} threads; speed-up over the baseline sampler of the same block size")
     print_table(results, ["variant", "block_size", "threshold", "factor", "tokens_per_s", "texts_per_s", "speedup", "forwards_per_text", "f1"])

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.reporting import bar_plots, benchmark_parser, print_table, require_model, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, dtype_name, print_table, require_model, write_json  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from general_decoding import Decoder, get_decoder  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
@@ -107,7 +107,7 @@ def main() -> None:
     print(f"\n{args.model} (lud, threshold {args.threshold}) against its own {', '.join(REFERENCES)}, "
           f"{len(texts)} sentences, {torch.get_num_threads()} threads")
     print_table(rows, ["strategy", "batch", "decoder", "speedup_vs_greedy", "ms_per_text", "tokens_per_forward", "micro_f1", "unfinished_answers"])
-    path = write_json(args.json, {"benchmark": "lud", "model": args.model, "dtype": str(lud.ner_model.model.dtype).removeprefix("torch."),
+    path = write_json(args.json, {"benchmark": "lud", "model": args.model, "dtype": dtype_name(lud),
                                   "references": list(REFERENCES),
                                   "threshold": args.threshold, "n_sentences": len(texts), "results": rows})
     png = bar_plots(path.with_suffix(".png"), [f"{r['strategy']} b{r['batch']} {r['decoder']}" for r in rows], {

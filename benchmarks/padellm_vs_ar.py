@@ -46,7 +46,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.reencoding import reencoding_padellm  # noqa: E402
-from benchmarks.reporting import bar_plots, benchmark_parser, print_table, save_figure, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, dtype_name, print_table, save_figure, write_json  # noqa: E402
 from ner_service.engine import NEREngine, Strategy  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
@@ -240,7 +240,7 @@ def main() -> None:
             found = rows_of(measure(engine, texts, batch_size, meter, labels, args.past_count_floor), gold, batch_size)
             rows += [{**row, "labels": len(labels) if labels else len(engine.ner_model.config.labels)} for row in found]
     where = f"{args.device}" + ("" if args.device != "cpu" else f", {torch.get_num_threads()} threads")
-    dtype = str(engine.ner_model.model.dtype).removeprefix("torch.")
+    dtype = dtype_name(engine)
     print(f"\n{args.model} on {len(examples)} sentences of {args.data}, {dtype}, {where}")
     print_table(rows, ["batch", "labels", "variant", "f1", "ms_per_text", "p50_ms", "p90_ms", "texts_per_s", "forwards_per_text",
                        "tokens_fed_per_text", "speedup_vs_ar", "identical"])

@@ -29,6 +29,11 @@ def benchmark_parser(doc: str | None, name: str, limit: int, limit_help: str = "
     return parser
 
 
+def dtype_name(engine) -> str:
+    """The dtype ``engine``'s model runs in, as the reports write it (``bfloat16``, ``float32``)."""
+    return str(engine.ner_model.model.dtype).removeprefix("torch.")
+
+
 def fail(script: str, message: str) -> NoReturn:
     """End the benchmark with one line on stderr and status 2: a missing prerequisite or a wait
     that ran out is said plainly, not as a traceback."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.reporting import bar_plots, benchmark_parser, print_table, write_json  # noqa: E402
+from benchmarks.reporting import bar_plots, benchmark_parser, dtype_name, print_table, write_json  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
 from training.evaluate import span_f1  # noqa: E402
@@ -72,7 +72,7 @@ def main() -> None:
                          "speedup": seconds["eager"] / seconds[name], "f1": span_f1(gold, found[name])["micro_f1"],
                          "same_entities": sum(a == b for a, b in zip(found[name], found["eager"])), "texts": len(texts),
                          "first_batch_s": compile_seconds if name == "compiled" else None})
-    dtype = str(arms["eager"].ner_model.model.dtype).removeprefix("torch.")
+    dtype = dtype_name(arms["eager"])
     print(f"\n{args.model}, {len(texts)} sentences, {dtype}, {torch.get_num_threads()} threads, compiled: {args.scope}")
     print_table(rows, ["batch", "arm", "ms_per_text", "speedup", "f1", "same_entities", "texts", "first_batch_s"])
     speedups = {f"speedup_batch{r['batch']}": r["speedup"] for r in rows if r["arm"] == "compiled"}
