@@ -38,7 +38,7 @@ class DevHalves:
         return self.choose if name == "choose" else self.report
 
 
-def _groups(path: Path) -> list[list[Example]]:
+def _groups(path: Path, nested: bool = False) -> list[list[Example]]:
     """The file's texts grouped as they are split: by document, else in blocks."""
     if path.suffix not in {".jsonl", ".json"}:
         documents = column_documents(path)
@@ -48,12 +48,12 @@ def _groups(path: Path) -> list[list[Example]]:
                 groups.append(sentences[position:position + len(document.sentence_lines)])
                 position += len(document.sentence_lines)
             return groups
-    texts = read_corpus(path)
+    texts = read_corpus(path, nested)
     block = BLOCK if len(texts) >= 4 * BLOCK else 1  # a small file alternates texts
     return [texts[start:start + block] for start in range(0, len(texts), block)]
 
 
-def dev_halves(path: str | Path) -> DevHalves:
-    """The two halves of a dev file (:mod:`corpora.dev_halves`)."""
-    groups = _groups(Path(path))
+def dev_halves(path: str | Path, nested: bool = False) -> DevHalves:
+    """The two halves of a dev file (:mod:`corpora.dev_halves`; ``nested``: see :func:`corpora.read_jsonl`)."""
+    groups = _groups(Path(path), nested)
     return DevHalves([e for group in groups[0::2] for e in group], [e for group in groups[1::2] for e in group])

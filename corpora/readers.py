@@ -162,8 +162,11 @@ def read_conll(path: str | Path, scheme: str = "auto", joiner: str | None = None
     return examples
 
 
-def read_jsonl(path: str | Path) -> list[Example]:
-    """Read ``{"text": ..., "entities": [{"start", "end", "label"}]}`` lines (``entities`` optional)."""
+def read_jsonl(path: str | Path, nested: bool = False) -> list[Example]:
+    """Read ``{"text": ..., "entities": [{"start", "end", "label"}]}`` lines (``entities`` optional).
+    ``nested``: keep entities that share characters (nested, crossing, or one span under two
+    labels), as a file that is only scored may hold them; a file to train on may not (an AR answer
+    lists a text's mentions one after another). An entity given twice is an error either way."""
     path = Path(path)
     examples = []
     for number, record in json_records(path):
@@ -185,11 +188,12 @@ def read_jsonl(path: str | Path) -> list[Example]:
                 raise DataFormatError(path, number, f"entity {_show(text, Span(start, end, label))}: {problem}")
             spans.append(Span(start, end, label))
         spans.sort(key=lambda s: (s.start, s.end, s.label))
-        clash = _overlap(spans)
+        twice = next((second for first, second in zip(spans, spans[1:]) if first == second), None)
+        if twice is not None:
+            raise DataFormatError(path, number, f"entity {_show(text, twice)} is given twice")
+        clash = None if nested else _overlap(spans)
         if clash:
             first, second = clash
-            if first == second:
-                raise DataFormatError(path, number, f"entity {_show(text, second)} is given twice")
             raise DataFormatError(path, number, f"entity {_show(text, second)} overlaps entity {_show(text, first)}; "
                                                 f"nested or crossing entities cannot be trained: keep one of them")
         examples.append(Example(text, spans))
@@ -238,12 +242,13 @@ def _overlap(spans: list[Span]) -> tuple[Span, Span] | None:
     return None
 
 
-def read_corpus(path: str | Path) -> list[Example]:
-    """Read a corpus file, JSONL (``.jsonl``/``.json``) or column format (anything else)."""
+def read_corpus(path: str | Path, nested: bool = False) -> list[Example]:
+    """Read a corpus file, JSONL (``.jsonl``/``.json``; ``nested``: see :func:`read_jsonl`) or
+    column format (anything else: one tag a token, never nested)."""
     path = Path(path)
     if not path.is_file():
         raise DataFormatError(path, None, "no such file")
-    return read_jsonl(path) if path.suffix in {".jsonl", ".json"} else read_conll(path)
+    return read_jsonl(path, nested) if path.suffix in {".jsonl", ".json"} else read_conll(path)
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.half and separator:
         raise SystemExit("error: --half reads sentences; it cannot be combined with --documents")
     examples = (read_conll_documents(args.path, separator) if separator else
-                dev_halves(args.path).half(args.half) if args.half else read_corpus(args.path))[: args.limit]
+                dev_halves(args.path, nested=True).half(args.half) if args.half else read_corpus(args.path, nested=True))[: args.limit]
     examples = _asked_as(args, examples)
     options = _options(args)
     engine = _engine(args)
@@ -294,7 +294,8 @@ def _extract_options(extract: argparse.ArgumentParser) -> None:
 
 
 def _evaluate_options(evaluate: argparse.ArgumentParser) -> None:
-    evaluate.add_argument("path")
+    evaluate.add_argument("path", help="a column file or a JSONL file of texts and character-offset entities; a JSONL "
+                                       "file's entities may nest or share a span under two labels: each is scored")
     evaluate.add_argument("--limit", type=int, default=None)
     evaluate.add_argument("--batch-size", type=int, default=1)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")

@@ -130,6 +130,19 @@ def test_jsonl_entities_that_would_be_misread_name_the_line_and_spans(tmp_path: 
     assert error.value.line == 2 and str(error.value).startswith(f"{path}:2: ")
 
 
+def test_a_file_read_for_scoring_keeps_nested_entities_and_one_span_under_two_labels(tmp_path: Path) -> None:
+    path = tmp_path / "nested.jsonl"
+    entities = [_entity(0, 12), _entity(8, 12, "DOSE"), _entity(0, 7, "INGREDIENT"), _entity(0, 7, "BRAND")]
+    path.write_text(json.dumps({"text": "aspirin 40mg", "entities": entities}) + "\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match="overlaps"):
+        read_corpus(path)  # a file to train on: one mention one label, none inside another
+    (example,) = read_corpus(path, nested=True)
+    assert [(s.start, s.end, s.label) for s in example.spans] == [(0, 7, "BRAND"), (0, 7, "INGREDIENT"), (0, 12, "DRUG"), (8, 12, "DOSE")]
+    path.write_text(json.dumps({"text": "aspirin 40mg", "entities": [_entity(0, 7), _entity(0, 7)]}) + "\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match=re.escape("entity [0, 7) DRUG 'aspirin' is given twice")):
+        read_corpus(path, nested=True)
+
+
 def test_adjacent_jsonl_entities_are_fine(tmp_path: Path) -> None:
     path = tmp_path / "adjacent.jsonl"
     path.write_text(json.dumps({"text": "aspirin40mg", "entities": [_entity(7, 11, "DOSE"), _entity(0, 7)]}) + "\n", encoding="utf-8")

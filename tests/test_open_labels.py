@@ -144,6 +144,22 @@ def test_evaluate_scores_a_files_own_labels_on_an_open_model_under_the_names_ask
     assert closed.returncode != 0 and "open-label models" in closed.stderr
 
 
+def test_evaluate_scores_nested_gold_and_a_span_under_two_labels(open_model_folder: Path, tmp_path: Path) -> None:
+    """A corpus of ../shared/data/open may nest entities or give a span two labels: each label is its own
+    question, so evaluate scores every gold entity (a file to train on is refused instead)."""
+    corpus = tmp_path / "nested.jsonl"
+    corpus.write_text(json.dumps({"text": SENTENCE, "entities": [
+        {"start": 0, "end": 13, "label": "human"}, {"start": 18, "end": 33, "label": "human"},
+        {"start": 37, "end": 42, "label": "city"}, {"start": 37, "end": 42, "label": "capital"},
+        {"start": 18, "end": 42, "label": "phrase"}]}) + "\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "evaluate", str(corpus), "--model", str(open_model_folder), "--json",
+                           "--ask-as", "human=PER,city=LOC,capital=ORG,phrase=MISC"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr
+    per_label = json.loads(done.stdout)["per_label"]
+    assert per_label["PER"]["tp"] == 2 and per_label["LOC"]["tp"] == 1  # Paris found as a city (LOC) ...
+    assert per_label["ORG"]["fn"] == 1 and per_label["MISC"]["fn"] == 1  # ... and still owed as a capital, and the phrase around it
+
+
 def test_the_python_face_and_the_spacy_component_take_open_labels(open_model_folder: Path) -> None:
     import spacy
 
