@@ -127,6 +127,16 @@ def test_a_label_may_be_asked_as_users_also_write_it_and_its_spans_go_under_that
     assert {s.label.lower() for s in plain.example.spans} == {"person", "location"}
 
 
+def test_a_zero_shot_corpus_is_asked_its_names_or_with_their_definitions(data_dir: Path) -> None:
+    from training.open_data import zero_shot_sets
+
+    held_out = next(z for z in zero_shot_sets(data_dir / "open", 2) if z.corpus == "re3d")
+    assert held_out.asked() == held_out.labels and "weapon" in held_out.labels
+    described = dict(zip(held_out.labels, held_out.asked(described=True)))
+    assert described["weapon"] == {"name": "weapon", "description": held_out.descriptions["weapon"]}
+    assert held_out.descriptions["weapon"] and len(held_out.descriptions["weapon"]) <= 100
+
+
 def test_evaluate_scores_a_files_own_labels_on_an_open_model_under_the_names_asked(open_model_folder: Path, tmp_path: Path) -> None:
     corpus = tmp_path / "places.jsonl"
     corpus.write_text(json.dumps({"text": SENTENCE, "entities": [{"start": 37, "end": 42, "label": "city"},
@@ -203,6 +213,11 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
         p, r = score["precision"], score["recall"]
         assert score["micro_f1"] == pytest.approx(2 * p * r / (p + r) if p + r else 0.0, abs=0.02)
     assert result["zero_shot_average"] == pytest.approx(sum(result["scores"][c]["micro_f1"] for c in ZERO_SHOT_CORPORA) / 7, abs=0.01)
+    assert result["described"] is False
+    described = subprocess.run([*common, "--supervised-limit", "1", "--described"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert described.returncode == 0, described.stderr
+    asked = json.loads(described.stdout.strip().splitlines()[-1])
+    assert asked["described"] is True and set(asked["scores"]) == set(result["scores"])
 
     before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]
     fitted = subprocess.run([*common, "--calibrate", "--write"], capture_output=True, text=True, cwd=REPO, timeout=600)

@@ -306,6 +306,14 @@ class ZeroShotSet:
     split: str
     examples: list[Example]
     labels: list[str]
+    #: Each name's one-line definition from labels.tsv, where it has one (what a user may add as its description).
+    descriptions: dict[str, str] = field(default_factory=dict)
+
+    def asked(self, described: bool = False) -> list[object]:
+        """The labels as a request writes them: names, or with ``described`` each name that has a
+        definition as ``{"name": ..., "description": ...}``."""
+        return [{"name": name, "description": self.descriptions[name]} if described and name in self.descriptions else name
+                for name in self.labels]
 
 
 def zero_shot_sets(open_folder: str | Path, limit: int = 100, seed: int = 0) -> list[ZeroShotSet]:
@@ -325,5 +333,9 @@ def zero_shot_sets(open_folder: str | Path, limit: int = 100, seed: int = 0) -> 
         if len(labels) > MAX_OPEN_LABELS:  # more than one request may ask (slurp's 55): the names its sample holds
             labels = sorted({s.label for e in examples for s in e.spans})[:MAX_OPEN_LABELS]
             examples = [Example(e.text, [s for s in e.spans if s.label in labels]) for e in examples]
-        sets.append(ZeroShotSet(corpus, split, examples, labels))
+        descriptions: dict[str, str] = {}
+        for info in infos.values():
+            if info.description:
+                descriptions.setdefault(info.name.lower(), info.description)
+        sets.append(ZeroShotSet(corpus, split, examples, labels, {name: descriptions[name] for name in labels if name in descriptions}))
     return sets

@@ -32,11 +32,13 @@ def named(examples: list[Example], names: dict[str, str]) -> list[Example]:
     return [Example(e.text, [Span(s.start, s.end, names[s.label]) for s in e.spans if s.label in names]) for e in examples]
 
 
-def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit: int, batch_size: int = 16) -> dict:
+def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit: int, batch_size: int = 16,
+                     described: bool = False) -> dict:
     """Micro-F1 (precision, recall) of each zero-shot corpus and of each supervised dev (first ``supervised_limit``
-    texts; None: all), and the zero-shot average."""
+    texts; None: all), and the zero-shot average; ``described``: the zero-shot labels asked with their
+    definitions from labels.tsv as descriptions, where they have one."""
     held_outs = zero_shot_sets(data / "open", limit)
-    asked = [(h.corpus, h.examples, h.labels, h.split) for h in held_outs]
+    asked = [(h.corpus, h.examples, h.asked(described), h.split) for h in held_outs]
     for corpus, relative in SUPERVISED_DEV.items():
         examples = named(read_corpus(str(data / relative))[:supervised_limit], SUPERVISED_NAMES[corpus])
         asked.append((corpus, examples, sorted(set(SUPERVISED_NAMES[corpus].values())), "dev"))
@@ -107,6 +109,8 @@ def main() -> int:
     parser.add_argument("--snapshot", default=None, help="score only this snapshot of the run (default: every one not yet in --json)")
     parser.add_argument("--baseline", action="store_true", help="score the run's starting model instead, asked as an open model")
     parser.add_argument("--json", default=None, help="append one JSON line per scored model to this file")
+    parser.add_argument("--described", action="store_true", help="ask each zero-shot label with its one-line definition from "
+                                                                 "labels.tsv as its description (where it has one)")
     parser.add_argument("--calibrate", action="store_true", help="fit the model's score map instead (zero-shot texts --limit to twice "
                                                                  "that and the supervised choosing halves; measured on the texts scored)")
     parser.add_argument("--write", action="store_true", help="with --calibrate: write the map into the model's ner_model.json")
@@ -129,7 +133,8 @@ def main() -> int:
         engine, saved = load()
         result = {"model": str(target), "snapshot": snapshot.name if snapshot else ("baseline" if args.baseline else None),
                   "train_minutes": round(saved.get("seconds", 0) / 60, 1) if saved else None, "step": saved.get("step") if saved else None,
-                  **score_open_model(engine, data, args.limit, args.supervised_limit), "eval_seconds": round(time.perf_counter() - began)}
+                  "described": args.described, **score_open_model(engine, data, args.limit, args.supervised_limit, described=args.described),
+                  "eval_seconds": round(time.perf_counter() - began)}
         print(json.dumps(result, ensure_ascii=False), flush=True)
         if args.json:
             with open(args.json, "a", encoding="utf-8") as out:
