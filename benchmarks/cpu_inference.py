@@ -12,6 +12,9 @@ alike; each warmed up on its first batch, untimed):
   linear layers (PyTorch's dynamic quantisation: weights int8 per output row, each product's
   input quantised to 8 bits on the fly), float32 around them on every CPU: a lever measured
   beside the default, not taken by it, because it changes the entities (:func:`with_int8_weights`);
+* ``tanh_gelu`` (``--no-tanh-gelu`` leaves it out): the default with Gemma's GELU in the tanh
+  form it is trained with, where the default computes the exact form in bfloat16
+  (:mod:`general_decoding.exact_gelu`): what that lever gains, and whether the entities stay;
 * ``ar_default`` (batch 1; ``--no-ar`` leaves it out): the AR baseline (ANPD drafting, the
   figure of the README) under the new default's dtype and threads: PaDeLLM against AR there.
 
@@ -27,12 +30,13 @@ the decoder stack, two per output row computed per position) against the machine
 The JSON holds ``speedup_batch16`` (texts/s of the default over the baseline at batch 16),
 ``speedup_batch1`` (the baseline's latency over the default's at batch 1), ``f1_baseline`` and
 ``f1_default`` (the batch-16 runs over every text), ``padellm_vs_ar_batch1``, ``int8_speedup_batch1``
-and ``int8_speedup_batch16`` (the int8 arm against the default) with ``f1_int8``, the rows (each
+and ``int8_speedup_batch16`` (the int8 arm against the default) with ``f1_int8``,
+``exact_gelu_speedup_batch1`` and ``exact_gelu_speedup_batch16`` (the default against ``tanh_gelu``), the rows (each
 with ``identical_texts``: its texts whose entities are the baseline's), the phase table and the
 peaks; the PNG is drawn beside it.
 
 Usage: python benchmarks/cpu_inference.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
-       [--batch-sizes 1,16] [--threads N] [--no-int8] [--no-ar] [--no-cold]
+       [--batch-sizes 1,16] [--threads N] [--no-int8] [--no-tanh-gelu] [--no-ar] [--no-cold]
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.reporting import benchmark_parser, print_table, save_figure, write_json  # noqa: E402
 from corpora import read_corpus  # noqa: E402
 from general_decoding import row_vocabulary  # noqa: E402
+from general_decoding.exact_gelu import use_exact_gelu  # noqa: E402
 from general_decoding.skinny_linear import use_skinny_linear  # noqa: E402
 from ner_service.engine import NEREngine  # noqa: E402
 from ner_service.engine.cpu import available_cpus, cpu_has_bfloat16, inference_dtype, inference_threads  # noqa: E402
@@ -253,7 +258,7 @@ def plot(path: Path, rows: list[dict], title: str) -> Path:
 
     figure, axes = plt.subplots(1, 3, figsize=(14, 4))
     labels = [f"b{r['batch']} {r['arm']}" for r in rows]
-    palette = {"baseline": "#4c72b0", "default": "#dd8452", "int8": "#c44e52"}
+    palette = {"baseline": "#4c72b0", "default": "#dd8452", "int8": "#c44e52", "tanh_gelu": "#8172b3"}
     colours = [palette.get(r["arm"], "#55a868") for r in rows]
     for axis, key, name in ((axes[0], "ms_per_text", "ms per text"), (axes[1], "texts_per_s", "texts per second")):
         bars = axis.bar(labels, [r[key] for r in rows], color=colours)
@@ -278,6 +283,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="the default arm's threads (default: NER_THREADS, else the CPU quota: engine/cpu.py)")
     parser.add_argument("--no-int8", dest="int8", action="store_false", help="leave out the int8 arm")
+    parser.add_argument("--no-tanh-gelu", dest="tanh_gelu", action="store_false",
+                        help="leave out the arm of the default with GELU's tanh form")
     parser.add_argument("--no-ar", dest="ar", action="store_false", help="leave out the AR arm at batch 1")
     parser.add_argument("--no-cold", dest="cold", action="store_false", help="leave out the cold-process timings")
     args = parser.parse_args()
@@ -293,6 +300,9 @@ def main() -> None:
     engines = {"baseline": baseline, "default": default}
     if args.int8:
         engines["int8"] = NEREngine.load(args.model, dtype=torch.float32, restricted_output=True)  # quantised products take float32
+    if args.tanh_gelu:
+        engines["tanh_gelu"] = NEREngine.load(args.model, dtype=dtype, restricted_output=True)
+        use_exact_gelu(engines["tanh_gelu"].ner_model.model, enabled=False)
     meters = {name: Meter(engine.ner_model.model) for name, engine in engines.items()}  # before quantising: its FLOPs count weights
     if args.int8:
         with_int8_weights(engines["int8"])
@@ -308,6 +318,8 @@ def main() -> None:
             arms = [Arm("baseline", baseline, torch_default_threads), Arm("default", default, threads)]
             if args.int8:
                 arms.append(Arm("int8", engines["int8"], threads))
+            if args.tanh_gelu:
+                arms.append(Arm("tanh_gelu", engines["tanh_gelu"], threads))
             if args.ar and batch_size == 1:
                 arms.append(Arm("ar_default", default, threads, strategy="ar", decoder="anpd"))
             measure(arms, meters, texts, batch_size)
@@ -321,7 +333,8 @@ def main() -> None:
         return next((r for r in rows if r["batch"] == batch and r["arm"] == arm), None)
 
     summary: dict[str, float | None] = {"speedup_batch16": None, "speedup_batch1": None, "padellm_vs_ar_batch1": None,
-                                        "int8_speedup_batch1": None, "int8_speedup_batch16": None}
+                                        "int8_speedup_batch1": None, "int8_speedup_batch16": None,
+                                        "exact_gelu_speedup_batch1": None, "exact_gelu_speedup_batch16": None}
     if find(16, "default"):
         summary["speedup_batch16"] = find(16, "default")["texts_per_s"] / find(16, "baseline")["texts_per_s"]
     if find(1, "default"):
@@ -331,6 +344,8 @@ def main() -> None:
     for batch in (1, 16):
         if find(batch, "int8"):
             summary[f"int8_speedup_batch{batch}"] = find(batch, "default")["ms_per_text"] / find(batch, "int8")["ms_per_text"]
+        if find(batch, "tanh_gelu"):
+            summary[f"exact_gelu_speedup_batch{batch}"] = find(batch, "tanh_gelu")["ms_per_text"] / find(batch, "default")["ms_per_text"]
     largest = max(r["batch"] for r in rows)
     f1_baseline, f1_default = find(largest, "baseline")["f1"], find(largest, "default")["f1"]
     int8_row = find(largest, "int8")

@@ -303,9 +303,10 @@ def test_cpu_inference_times_todays_path_against_the_new_default_in_one_run(tmp_
     report = _report(_run("cpu_inference.py", "--model", "tiny-conll03", "--limit", "2", "--batch-sizes", "1,16", "--no-cold",
                           "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
     rows = report["results"]
-    assert [(r["batch"], r["arm"]) for r in rows] == [(1, "baseline"), (1, "default"), (1, "int8"), (1, "ar_default"),
-                                                       (16, "baseline"), (16, "default"), (16, "int8")]
-    assert rows[0]["dtype"] == "float32" and rows[1]["dtype"] == report["default_dtype"] and rows[2]["dtype"] == "int8"
+    assert [(r["batch"], r["arm"]) for r in rows] == [(1, "baseline"), (1, "default"), (1, "int8"), (1, "tanh_gelu"), (1, "ar_default"),
+                                                       (16, "baseline"), (16, "default"), (16, "int8"), (16, "tanh_gelu")]
+    assert rows[0]["dtype"] == "float32" and rows[1]["dtype"] == report["default_dtype"] == rows[3]["dtype"] and rows[2]["dtype"] == "int8"
+    assert report["exact_gelu_speedup_batch1"] > 0 and report["exact_gelu_speedup_batch16"] > 0
     assert report["speedup_batch1"] > 0 and report["speedup_batch16"] > 0 and report["padellm_vs_ar_batch1"] > 0
     assert report["int8_speedup_batch1"] > 0 and report["int8_speedup_batch16"] > 0 and 0 <= report["f1_int8"] <= 100
     assert all(0 <= r["identical_texts"] <= 2 for r in rows) and rows[0]["identical_texts"] == 2  # the baseline is itself

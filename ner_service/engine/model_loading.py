@@ -161,14 +161,17 @@ def load_causal_lm(
     spec: str | Path, dtype: torch.dtype | None = None, device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load model and tokenizer for ``spec`` in evaluation mode (``dtype`` None: float32), its
-    linear layers fast for decoding on the CPU (:mod:`general_decoding.skinny_linear`)."""
+    linear layers fast for decoding on the CPU (:mod:`general_decoding.skinny_linear`) and its
+    tanh-approximated GELU exact in bfloat16 (:mod:`general_decoding.exact_gelu`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from general_decoding.exact_gelu import use_exact_gelu
     from general_decoding.skinny_linear import use_skinny_linear
 
     folder = resolve_model_folder(spec)
     tokenizer = cached_tokenizer(folder, AutoTokenizer.from_pretrained)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).to(device).eval()
     use_skinny_linear(model)
+    use_exact_gelu(model)
     return model, tokenizer
