@@ -15,7 +15,10 @@ noise hits them alike, at each batch size of ``--batch-sizes`` (default 1 and 16
   reference implementation's way (:mod:`benchmarks.reencoding`);
 * ``padellm_floor`` (with ``--past-count-floor P`` on a model trained past its counts): copy
   drafting, the mention past a count asked only where the model gives a further mention at least
-  ``P`` (``past_count_floor``), against ``padellm_copy`` with the model's own floor.
+  ``P`` (``past_count_floor``), against ``padellm_copy`` with the model's own floor;
+* ``padellm_quantile`` (with ``--count-quantile Q``): copy drafting, each count the largest the
+  model gives at least probability ``Q`` of being reached (``count_quantile``), against
+  ``padellm_copy`` with the model's own count rule.
 
 Per variant: micro-F1, latency per text (mean, p50, p90 at batch 1), texts per second, forward
 passes and tokens fed per text, speed-up over the faster AR, and whether its entities are those
@@ -29,7 +32,7 @@ types the file does not hold (:data:`FILLER_LABELS`), so that the cost of more l
 F1 is of the file's labels.
 
 Usage: python benchmarks/padellm_vs_ar.py [--limit N] [--json PATH] [--model NAME] [--data FILE]
-       [--batch-sizes 1,16] [--label-counts 4,12,24] [--past-count-floor P] [--device cpu|cuda]
+       [--batch-sizes 1,16] [--label-counts 4,12,24] [--past-count-floor P] [--count-quantile Q] [--device cpu|cuda]
        [--dtype auto|float32|bfloat16]
 """
 
@@ -101,7 +104,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def variants(engine: NEREngine, batch_size: int, past_count_floor: float | None = None) -> dict[str, Variant]:
+def variants(engine: NEREngine, batch_size: int, past_count_floor: float | None = None,
+             count_quantile: float | None = None) -> dict[str, Variant]:
     plain = NEREngine(engine.ner_model, speculated_counts=(), max_batch_texts=batch_size)
     speculating = NEREngine(engine.ner_model, speculated_counts=(1,), max_batch_texts=batch_size)
     found = {
@@ -114,6 +118,9 @@ def variants(engine: NEREngine, batch_size: int, past_count_floor: float | None 
     if past_count_floor is not None and engine.ner_model.config.answers_past_count:
         floored = NEREngine(engine.ner_model, speculated_counts=(), max_batch_texts=batch_size, past_count_floor=past_count_floor)
         found["padellm_floor"] = Variant(floored, "padellm", "copy", "padellm_greedy")
+    if count_quantile is not None:
+        quantiled = NEREngine(engine.ner_model, speculated_counts=(), max_batch_texts=batch_size, count_quantile=count_quantile)
+        found["padellm_quantile"] = Variant(quantiled, "padellm", "copy", "padellm_greedy")
     if batch_size == 1:
         found["padellm_reencode"] = Variant(plain, reencoding_padellm(plain), "copy", "padellm_greedy")
     return found
@@ -134,10 +141,11 @@ def asked_labels(file_labels: list[str], count: int) -> dict[str, str]:
 
 
 def measure(engine: NEREngine, texts: list[str], batch_size: int, meter: ForwardMeter,
-            labels: dict[str, str] | None = None, past_count_floor: float | None = None) -> dict[str, Variant]:
+            labels: dict[str, str] | None = None, past_count_floor: float | None = None,
+            count_quantile: float | None = None) -> dict[str, Variant]:
     """Run every variant over ``texts`` in batches, interleaved batch by batch (asking
     ``labels``' names when given, each entity kept under the file label its name stands for)."""
-    runs = variants(engine, batch_size, past_count_floor)
+    runs = variants(engine, batch_size, past_count_floor, count_quantile)
     asked = list(labels) if labels else None
     for run in runs.values():  # untimed warm-up
         run.engine.extract(texts[:batch_size], asked, strategy=run.strategy, decoder=run.decoder)
@@ -221,6 +229,8 @@ def main() -> None:
     parser.add_argument("--label-counts", default=None, help="an open model: comma-separated numbers of labels to ask (e.g. 4,12,24)")
     parser.add_argument("--past-count-floor", type=float, default=None, metavar="P",
                         help="also run padellm_floor: the mention past a count asked only where a further one has probability >= P")
+    parser.add_argument("--count-quantile", type=float, default=None, metavar="Q",
+                        help="also run padellm_quantile: each count the largest the model gives probability >= Q of being reached")
     args = parser.parse_args()
 
     examples = [e for e in read_corpus(args.data) if e.text.strip()][: args.limit]
@@ -237,7 +247,7 @@ def main() -> None:
     rows = []
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
         for labels in label_sets:
-            found = rows_of(measure(engine, texts, batch_size, meter, labels, args.past_count_floor), gold, batch_size)
+            found = rows_of(measure(engine, texts, batch_size, meter, labels, args.past_count_floor, args.count_quantile), gold, batch_size)
             rows += [{**row, "labels": len(labels) if labels else len(engine.ner_model.config.labels)} for row in found]
     where = f"{args.device}" + ("" if args.device != "cpu" else f", {torch.get_num_threads()} threads")
     dtype = dtype_name(engine)
@@ -248,7 +258,9 @@ def main() -> None:
                                   "dtype": dtype, "device": args.device, "results": rows,
                                   "padellm_speedup_by_labels": speedups_by_labels(rows, "padellm_copy"),
                                   **({"padellm_floor_speedup_by_labels": speedups_by_labels(rows, "padellm_floor")}
-                                     if args.past_count_floor is not None else {})})
+                                     if args.past_count_floor is not None else {}),
+                                  **({"padellm_quantile_speedup_by_labels": speedups_by_labels(rows, "padellm_quantile")}
+                                     if args.count_quantile is not None else {})})
     labels = [f"b{r['batch']} {r['labels']}l {r['variant']}" for r in rows]
     png = bar_plots(path.with_suffix(".png"), labels, {
         "ms per text": [r["ms_per_text"] for r in rows],

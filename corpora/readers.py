@@ -45,6 +45,9 @@ class Example:
 
     text: str
     spans: list[Span] = field(default_factory=list)
+    #: The part of its corpus the record comes from (a JSONL record's ``source``), where its file
+    #: says: its corpus's ``sources.json`` lists the labels each source annotates (:func:`read_sources`).
+    source: str | None = None
 
     def mentions(self, label: str) -> list[str]:
         """Mentions of ``label`` in reading order."""
@@ -196,8 +199,27 @@ def read_jsonl(path: str | Path, nested: bool = False) -> list[Example]:
             first, second = clash
             raise DataFormatError(path, number, f"entity {_show(text, second)} overlaps entity {_show(text, first)}; "
                                                 f"nested or crossing entities cannot be trained: keep one of them")
-        examples.append(Example(text, spans))
+        source = record.get("source")
+        examples.append(Example(text, spans, source if isinstance(source, str) and source else None))
     return examples
+
+
+def read_sources(path: str | Path) -> dict[str, list[str]] | None:
+    """The labels each source of a JSONL corpus file annotates, from the ``sources.json`` beside it
+    (the format of the open corpora: a record is annotated for its own source's labels only; a
+    label outside them says nothing about it); None where the file has none."""
+    path = Path(path)
+    listing = path.parent / "sources.json"
+    if path.suffix not in {".jsonl", ".json"} or not listing.is_file():
+        return None
+    try:
+        sources = json.loads(text_of(listing))
+    except json.JSONDecodeError as error:
+        raise DataFormatError(listing, error.lineno, f"not valid JSON: {error.msg}") from None
+    if not (isinstance(sources, dict) and all(isinstance(labels, list) and all(isinstance(label, str) for label in labels)
+                                               for labels in sources.values())):
+        raise DataFormatError(listing, None, "must map each source to the list of labels it annotates")
+    return {str(source): list(labels) for source, labels in sources.items()}
 
 
 def _is_offset(value: object) -> bool:

@@ -43,7 +43,8 @@ def _engine(args: argparse.Namespace):
     return NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args),
                           repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned,
                           document_consistency=args.document_consistency, restricted_output=not args.whole_output_layer,
-                          past_count_rounds=args.past_count_rounds, past_count_floor=args.past_count_floor)
+                          past_count_rounds=args.past_count_rounds, past_count_floor=args.past_count_floor,
+                          count_quantile=args.count_quantile)
 
 
 def _count_bias(args: argparse.Namespace):
@@ -88,6 +89,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count-bias", default=None,
                         help="PaDeLLM: favour larger counts by this much log-probability per unit of a count, for every label (0.5) "
                              "or some (ORG=1,MISC=0.75; the others keep the model's) (default: the model's count_bias)")
+    parser.add_argument("--count-quantile", type=float, default=None, metavar="Q",
+                        help="PaDeLLM: each count is the largest the model gives at least probability Q of being reached, for "
+                             "every label, in place of the count bias (0: the count bias; default: the model's count_quantile)")
     parser.add_argument("--no-repair-duplicates", dest="repair_duplicates", action="store_false",
                         help="PaDeLLM: keep a mention answered more often than the text holds it instead of re-asking it")
     parser.add_argument("--repair-unaligned", action=argparse.BooleanOptionalAction, default=None,
@@ -177,7 +181,26 @@ def _asked_as(args: argparse.Namespace, examples: list) -> list:
             renamed[label.strip()] = name.strip()
     scored = [str(label) for label in _labels(args) or labels_of(examples)]
     args.labels = ",".join(renamed.get(label, label) for label in scored)
-    return [Example(e.text, [Span(s.start, s.end, renamed.get(s.label, s.label)) for s in e.spans if s.label in scored]) for e in examples]
+    args.asked_as = renamed
+    return [Example(e.text, [Span(s.start, s.end, renamed.get(s.label, s.label)) for s in e.spans if s.label in scored], e.source)
+            for e in examples]
+
+
+def _annotated_by_source(args: argparse.Namespace, examples: list) -> dict[str, list[str]] | None:
+    """The labels each source of the file annotates, under the names asked (``sources.json`` beside a
+    JSONL file of several sources), so that a record is scored on its own source's labels only."""
+    from corpora import read_sources
+
+    sources = read_sources(args.path)
+    if not sources or len({tuple(labels) for labels in sources.values()}) < 2:
+        return None  # one list for every record: asking all the labels is asking each its own
+    renamed = getattr(args, "asked_as", {})
+    unlisted = sorted({e.source or "(none)" for e in examples} - set(sources))
+    if unlisted:
+        raise SystemExit(f"error: {args.path}: records of source(s) {', '.join(unlisted[:5])} that sources.json does not list")
+    if not args.json:
+        print(f"each record asked the labels its own source annotates ({len(sources)} sources in sources.json)", file=sys.stderr)
+    return {source: [renamed.get(label, label) for label in labels] for source, labels in sources.items()}
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -193,7 +216,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     examples = _asked_as(args, examples)
     options = _options(args)
     engine = _engine(args)
-    report = evaluate_engine(engine, examples, strategy=options.strategy, decoder=options.decoder, batch_size=args.batch_size, labels=options.labels)
+    sources = _annotated_by_source(args, examples)
+    report = evaluate_engine(engine, examples, strategy=options.strategy, decoder=options.decoder, batch_size=args.batch_size,
+                             labels=options.labels, sources=sources)
     report["model"] = engine.name
     breakdown = None
     if args.errors:
@@ -217,14 +242,35 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_calibrate_counts(args: argparse.Namespace) -> int:
     from ner_service.engine import NEREngine
     from ner_service.engine.cpu import configure_threads
-    from training.count_calibration import calibrate_on_halves
+    from training.count_calibration import QUANTILE_GRID, calibrate_on_halves, calibrate_quantile_on_halves
 
     configure_threads(args.threads)
-    engine = NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args))
+    engine = NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args), count_quantile=args.count_quantile)
+    if args.quantile:  # one number for every label, chosen on one half, reported on the other
+        grid = _quantiles(args.quantiles) if args.quantiles else QUANTILE_GRID
+        quantile = calibrate_quantile_on_halves(engine, args.path, args.batch_size, args.limit, grid=grid)
+        print(quantile.table())
+        return _chosen_setting(args, engine, "count_quantile", quantile.setting())
+    if engine.count_quantile is not None:
+        raise SystemExit(f"error: model {engine.name!r} reads its counts by count quantile {engine.count_quantile:g}: choose biases "
+                         "with --count-quantile 0, or a quantile with --quantile")
     calibration = calibrate_on_halves(engine, args.path, args.batch_size, args.limit)  # chosen on one half, reported on the other
     setting = calibration.setting()
     print(calibration.table())
     return _chosen_setting(args, engine, "count_bias", setting)
+
+
+def _quantiles(spec: str) -> list[float]:
+    """``--quantiles``: comma-separated count quantiles, each in (0, 1]."""
+    from ner_service.engine.count_bias import checked_quantile
+
+    try:
+        grid = [float(checked_quantile(float(q))) for q in spec.split(",") if q.strip()]  # type: ignore[arg-type]
+    except ValueError as error:
+        raise SystemExit(f"error: --quantiles: {error}") from None
+    if not grid:
+        raise SystemExit("error: --quantiles: give at least one count quantile")
+    return grid
 
 
 def cmd_calibrate_scores(args: argparse.Namespace) -> int:
@@ -336,6 +382,12 @@ def _calibrate_scores_options(calibrate: argparse.ArgumentParser) -> None:
 def _calibrate_counts_options(calibrate: argparse.ArgumentParser) -> None:
     _calibration_options(calibrate, "a dev corpus file (never the training file)", "the first N texts", "the chosen biases")
     calibrate.add_argument("--count-bias", default=None, help="the bias to compare with, as for evaluate (default: the model's)")
+    calibrate.add_argument("--count-quantile", type=float, default=None, metavar="Q",
+                           help="the count quantile to compare with, as for evaluate (0: the count bias; default: the model's)")
+    calibrate.add_argument("--quantile", action="store_true",
+                           help="choose one count quantile for every label instead of per-label biases (written as count_quantile)")
+    calibrate.add_argument("--quantiles", default=None, help="with --quantile: the count quantiles tried, comma-separated "
+                                                             "(default: 0.5 down to 0.05 in steps of 0.05)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,8 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("evaluate", help="span micro-F1 and latency on a corpus file", options=_evaluate_options)
     evaluate.set_defaults(func=cmd_evaluate)
 
-    calibrate = sub.add_parser("calibrate-counts", help="choose each label's PaDeLLM count bias on a dev file "
-                                                        "(the biases of the best dev F1)", options=_calibrate_counts_options)
+    calibrate = sub.add_parser("calibrate-counts", help="choose each label's PaDeLLM count bias (or, with --quantile, one count "
+                                                        "quantile) on a dev file's choose half, reported on its other half",
+                               options=_calibrate_counts_options)
     calibrate.set_defaults(func=cmd_calibrate_counts)
 
     scores = sub.add_parser("calibrate-scores", help="fit the map from a model's mention scores to the probability that a "

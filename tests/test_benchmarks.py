@@ -62,13 +62,14 @@ def test_padellm_vs_ar_asks_an_open_model_more_labels_and_a_closed_one_refuses(t
     out = tmp_path / "labels.json"
     dev = str(data_dir / "conll2003" / "dev.txt")
     report = _report(_run("padellm_vs_ar.py", "--model", str(model), "--limit", "2", "--batch-sizes", "1", "--label-counts", "4,7",
-                          "--past-count-floor", "0.5", "--data", dev, "--json", str(out)), out)
+                          "--past-count-floor", "0.5", "--count-quantile", "0.05", "--data", dev, "--json", str(out)), out)
     assert {r["labels"] for r in report["results"]} == {4, 7}
-    assert set(report["padellm_speedup_by_labels"]) == set(report["padellm_floor_speedup_by_labels"]) == {"batch 1, 4 labels", "batch 1, 7 labels"}
+    assert (set(report["padellm_speedup_by_labels"]) == set(report["padellm_floor_speedup_by_labels"])
+            == set(report["padellm_quantile_speedup_by_labels"]) == {"batch 1, 4 labels", "batch 1, 7 labels"})
     floored = {r["labels"]: r for r in report["results"] if r["variant"] == "padellm_floor"}
     every = {r["labels"]: r for r in report["results"] if r["variant"] == "padellm_copy"}
     assert all(floored[n]["tokens_fed_per_text"] <= every[n]["tokens_fed_per_text"] for n in (4, 7))  # fewer questions past a count
-    assert all(r["identical"] for r in report["results"] if r["variant"] != "padellm_floor")
+    assert all(r["identical"] for r in report["results"] if r["variant"] not in {"padellm_floor", "padellm_quantile"})
     refused = _run("padellm_vs_ar.py", "--model", "tiny-conll03", "--limit", "1", "--label-counts", "4", "--data", dev)
     assert refused.returncode == 2 and "needs an open model" in refused.stderr
 

@@ -15,9 +15,10 @@ import torch
 
 from corpora import read_corpus
 from ner_service.engine import NEREngine
-from ner_service.engine.count_bias import CountBias, InvalidCountBiasError
+from ner_service.engine.count_bias import CountBias, InvalidCountBiasError, InvalidCountQuantileError, checked_quantile, quantile_digits
 from tests.conftest import TINY_DIR
-from training.count_calibration import ascend, calibrate, count_scores
+from corpora.dev_halves import dev_halves
+from training.count_calibration import ascend, calibrate, calibrate_quantile_on_halves, count_scores
 from training.evaluate import predict, span_f1
 from training.error_analysis import RecordingStrategy
 
@@ -62,24 +63,39 @@ def test_a_start_between_the_grid_steps_is_kept_when_nothing_beats_it() -> None:
     assert ascend(["ORG"], {"ORG": 0.6}, lambda b: -abs(b["ORG"] - 0.6)) == {"ORG": 0.6}
 
 
-@pytest.mark.parametrize("bias", [0.0, {"ORG": 1.5, "MISC": 1.0}])
-def test_the_engine_counts_as_the_calibration_predicts(en_engine: NEREngine, data_dir: Path, bias) -> None:
+def test_a_count_quantile_is_the_largest_count_that_probable_or_more() -> None:
+    at_least = torch.tensor([[1.0, 0.9, 0.35, 0.1, 0.0], [1.0, 0.2, 0.05, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0, 0.6]])
+    assert quantile_digits(at_least, 0.3).tolist() == [2, 0, 4]
+    assert quantile_digits(at_least, 0.1).tolist() == [3, 1, 4]
+    assert quantile_digits(at_least - 1e-7, 1.0).tolist() == [0, 0, 0]  # a sum that rounds under 1: still 0, never -1
+    assert checked_quantile(None) is None and checked_quantile(0.25) == 0.25
+    for outside in (0.0, -0.1, 1.5):
+        with pytest.raises(InvalidCountQuantileError, match=r"probability in \(0, 1\]"):
+            checked_quantile(outside)
+
+
+@pytest.mark.parametrize(("bias", "quantile"), [(0.0, None), ({"ORG": 1.5, "MISC": 1.0}, None), (0.0, 0.2), (0.0, 0.6)])
+def test_the_engine_counts_as_the_calibration_predicts(en_engine: NEREngine, data_dir: Path, bias, quantile) -> None:
     """The counts the calibration derives from one forward are the counts the engine then asks
-    mentions for: the number of answers per (text, label), recorded before alignment (of a model
-    that is not asked past its counts)."""
+    mentions for, under a count bias or a count quantile: the number of answers per (text, label),
+    recorded before alignment (of a model that is not asked past its counts)."""
     examples = read_corpus(data_dir / "conll2003" / "dev.txt")[:16]  # one engine batch: the recorder's text indices are the batch's
     model = en_engine.ner_model
     not_past = replace(model, config=replace(model.config, answers_past_count=False))  # the same weights, asked its counts only
-    engine = NEREngine(not_past, count_bias=bias)
+    engine = NEREngine(not_past, count_bias=bias, count_quantile=quantile or 0)  # 0: the count bias, whatever the model's rule
     scores = count_scores(engine, examples, progress=False)
     assert len(scores.labels) == len(engine.windows([e.text for e in examples])) * 4
     recorder = RecordingStrategy(engine.strategy("padellm"))
     engine.extract_with(engine.options(), [e.text for e in examples], strategy=recorder)
     windows = engine.windows([e.text for e in examples])
     predicted = {}
+    by_quantile = scores.quantile_counts(quantile).tolist() if quantile is not None else None
     for label in engine.labels:
         rows = torch.tensor([lab == label for lab in scores.labels])
-        per_window = scores.counts(engine.count_bias.for_label(label), rows).tolist()
+        if by_quantile is None:
+            per_window = scores.counts(engine.count_bias.for_label(label), rows).tolist()
+        else:
+            per_window = [count for count, row in zip(by_quantile, rows.tolist()) if row]
         for window, count in zip(windows, per_window):
             predicted[window.text_index, label] = predicted.get((window.text_index, label), 0) + count
     recorded = {key: n for key, n in recorder.answers.items() if n}
@@ -90,11 +106,11 @@ def test_the_engine_counts_as_the_calibration_predicts(en_engine: NEREngine, dat
 
 def test_the_calibrated_f1_is_the_f1_the_engine_gives_with_the_chosen_biases(en_engine: NEREngine, data_dir: Path) -> None:
     examples = read_corpus(data_dir / "conll2003" / "dev.txt")[:48]
-    engine = NEREngine(en_engine.ner_model, count_bias=-1.0)  # a bias that counts too few: the ascent has somewhere to go
+    engine = NEREngine(en_engine.ner_model, count_bias=-1.0, count_quantile=0)  # a bias that counts too few: the ascent has somewhere to go
     calibration = calibrate(engine, examples, batch_size=16, progress=False)
     gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
     for biases, expected in ((-1.0, calibration.before), (calibration.setting(), calibration.after)):
-        scored = NEREngine(en_engine.ner_model, count_bias=biases)
+        scored = NEREngine(en_engine.ner_model, count_bias=biases, count_quantile=0)
         found = span_f1(gold, predict(scored, examples, scored.options(strategy="padellm"), batch_size=16, progress=False).entities)
         assert (found["micro_f1"], found["precision"], found["recall"]) == pytest.approx((expected["f1"], expected["precision"], expected["recall"]))
     assert calibration.after["f1"] > calibration.before["f1"]
@@ -119,3 +135,42 @@ def test_calibrate_counts_writes_a_table_the_engine_then_uses(tmp_path: Path, da
     bad = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "evaluate", str(data_dir / "conll2003" / "dev.txt"),
                           "--model", str(model), "--limit", "2", "--count-bias", "GPE=1"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "unknown label" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_lower_count_quantile_asks_for_more_mentions_and_the_chosen_one_gives_the_f1_reported(en_engine: NEREngine, data_dir: Path) -> None:
+    """One number for every label: a lower quantile never counts fewer; the quantile chosen on the
+    choose half is the one of the best F1 there, and the engine under it gives the report half the
+    F1 the calibration says."""
+    dev = data_dir / "conll2003" / "dev.txt"
+    examples = dev_halves(dev).choose[:24]
+    scores = count_scores(en_engine, examples, progress=False)
+    counts = [scores.quantile_counts(q) for q in (0.9, 0.5, 0.2, 0.05)]
+    assert all(bool((low >= high).all()) for high, low in zip(counts, counts[1:]))
+    assert int(counts[-1].sum()) > int(counts[0].sum())  # the model is unsure somewhere: the quantile moves counts
+    found = calibrate_quantile_on_halves(en_engine, dev, batch_size=16, limit=24, progress=False, grid=(0.6, 0.3, 0.1))
+    assert found.quantile == max(found.tried, key=lambda q: (found.tried[q]["f1"], q)) and set(found.tried) == {0.6, 0.3, 0.1}
+    report = dev_halves(dev).report[:24]
+    gold = [[(s.start, s.end, s.label) for s in e.spans] for e in report]
+    for quantile, expected in ((found.quantile, found.report_after), (None, found.report_before)):
+        engine = NEREngine(en_engine.ner_model, count_quantile=quantile)
+        scored = span_f1(gold, predict(engine, report, engine.options(strategy="padellm"), batch_size=16, progress=False).entities)
+        assert (scored["micro_f1"], scored["precision"], scored["recall"]) == pytest.approx((expected["f1"], expected["precision"], expected["recall"]))
+    assert found.was == en_engine.count_quantile
+    assert found.setting() == (found.quantile if found.report_after["f1"] > found.report_before["f1"] else found.was)
+    assert "| count quantile | choose half micro-F1 (P / R) |" in found.table() and "Report half: micro-F1" in found.table()
+
+
+def test_calibrate_counts_quantile_writes_one_number_the_engine_then_uses(tmp_path: Path, data_dir: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(TINY_DIR, model)
+    done = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "calibrate-counts", str(data_dir / "conll2003" / "dev.txt"),
+                           "--model", str(model), "--limit", "24", "--quantile", "--write"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "| count quantile |" in done.stdout and f"written to {model / 'ner_model.json'}" in done.stdout
+    printed = json.loads(done.stdout.split("count_quantile: ", 1)[1].splitlines()[0])
+    assert json.loads((model / "ner_model.json").read_text())["count_quantile"] == printed
+    assert NEREngine.load(model).count_quantile == printed
+    assert NEREngine.load(model, count_quantile=0).count_quantile is None  # 0: back to the count bias
+    bad = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "evaluate", str(data_dir / "conll2003" / "dev.txt"),
+                          "--model", str(model), "--limit", "2", "--count-quantile", "1.5"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "probability in (0, 1]" in bad.stderr and "Traceback" not in bad.stderr

@@ -154,6 +154,30 @@ def test_evaluate_scores_a_files_own_labels_on_an_open_model_under_the_names_ask
     assert closed.returncode != 0 and "open-label models" in closed.stderr
 
 
+def test_evaluate_asks_each_record_only_the_labels_its_own_source_annotates(open_model_folder: Path, tmp_path: Path) -> None:
+    """A corpus of several sources (``sources.json`` beside it, as in ../shared/data/open) annotates
+    a record for its own source's labels only: the record of a source of people alone is not asked
+    for places, so the place it names is neither missed nor a false alarm."""
+    corpus = tmp_path / "dev.jsonl"
+    people = {"text": SENTENCE, "entities": [{"start": 0, "end": 13, "label": "human"}, {"start": 18, "end": 33, "label": "human"}],
+              "source": "people"}
+    places = {"text": SENTENCE, "entities": [{"start": 37, "end": 42, "label": "city"}], "source": "places"}
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in (people, places)), encoding="utf-8")
+    (tmp_path / "sources.json").write_text(json.dumps({"people": ["human"], "places": ["city"]}), encoding="utf-8")
+    command = [sys.executable, "-m", "padellm_ner.cli", "evaluate", str(corpus), "--model", str(open_model_folder), "--json",
+               "--ask-as", "city=LOC,human=PER"]
+    own = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert own.returncode == 0, own.stderr
+    report = json.loads(own.stdout)
+    assert (report["micro_f1"], report["per_label"]["PER"]["tp"], report["per_label"]["LOC"]["tp"]) == (pytest.approx(100.0), 2, 1)
+    (tmp_path / "sources.json").unlink()  # every record asked every label: each finds the other source's entities too
+    every = json.loads(subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600).stdout)
+    assert every["per_label"]["LOC"]["fp"] == 1 and every["per_label"]["PER"]["fp"] == 2 and every["precision"] < 100
+    (tmp_path / "sources.json").write_text(json.dumps({"people": ["human"], "animals": ["dog"]}), encoding="utf-8")
+    unlisted = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert unlisted.returncode != 0 and "places" in unlisted.stderr and "Traceback" not in unlisted.stderr
+
+
 def test_evaluate_scores_nested_gold_and_a_span_under_two_labels(open_model_folder: Path, tmp_path: Path) -> None:
     """A corpus of ../shared/data/open may nest entities or give a span two labels: each label is its own
     question, so evaluate scores every gold entity (a file to train on is refused instead)."""
@@ -186,6 +210,17 @@ def test_the_python_face_and_the_spacy_component_take_open_labels(open_model_fol
     assert {(span.text, span.label_) for span in doc.ents} == {("Angela Merkel", "PER"), ("Emmanuel Macron", "PER"), ("Paris", "LOC")}
 
 
+def _writable_copy(folder: Path, to: Path) -> Path:
+    """``folder`` with its own ``ner_model.json`` (to write into) and its weights linked."""
+    to.mkdir()
+    for path in folder.iterdir():
+        if path.name == "ner_model.json":
+            (to / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+        else:
+            (to / path.name).symlink_to(path.resolve())
+    return to
+
+
 @pytest.mark.slow
 def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_ask(open_model_folder: Path, data_dir: Path,
                                                                                 tmp_path: Path) -> None:
@@ -194,13 +229,7 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
     and stores it in the model's ``ner_model.json`` (a copy of the test model here)."""
     from training.open_data import ZERO_SHOT_CORPORA
 
-    model = tmp_path / "model"
-    model.mkdir()
-    for path in open_model_folder.iterdir():
-        if path.name == "ner_model.json":
-            (model / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
-        else:
-            (model / path.name).symlink_to(path.resolve())
+    model = _writable_copy(open_model_folder, tmp_path / "model")
     common = [sys.executable, "-m", "training.open_eval", str(model), "--data", str(data_dir), "--limit", "2"]
     scored = subprocess.run([*common, "--supervised-limit", "3", "--json", str(tmp_path / "eval.jsonl")],
                             capture_output=True, text=True, cwd=REPO, timeout=600)
@@ -226,3 +255,24 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
     stored = json.loads((model / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]
     assert set(stored["padellm"]) == {"slope", "intercept"} and set(stored) == set(before) | {"padellm"}
     assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"] == before
+
+
+
+@pytest.mark.slow
+def test_open_eval_chooses_a_count_quantile_on_unseen_labels_and_reports_it_on_other_texts(open_model_folder: Path, data_dir: Path,
+                                                                                       tmp_path: Path) -> None:
+    """``--choose-quantile --write``: the count quantile of the best zero-shot average on the texts
+    after the reported ones, its table, and the choice stored only in the copy's ``ner_model.json``."""
+    model = _writable_copy(open_model_folder, tmp_path / "model")
+    before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")).get("count_quantile")
+    command = [sys.executable, "-m", "training.open_eval", str(model), "--data", str(data_dir), "--limit", "1", "--choose-limit", "1",
+               "--quantiles", "0.6,0.3", "--choose-quantile", "--write"]
+    chosen = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert chosen.returncode == 0, chosen.stderr
+    assert "| count quantile | zero-shot average, choosing texts |" in chosen.stdout and "| **average** |" in chosen.stdout
+    assert "| 0.6" in chosen.stdout and "| 0.3" in chosen.stdout
+    printed = json.loads(chosen.stdout.split("count_quantile: ", 1)[1].splitlines()[0])
+    assert printed in (before, 0.6, 0.3) and json.loads((model / "ner_model.json").read_text(encoding="utf-8")).get("count_quantile") == printed
+    assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")).get("count_quantile") == before
+    refused = subprocess.run([*command[:-3], "0.6,7", "--choose-quantile"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert refused.returncode == 2 and "probability in (0, 1]" in refused.stderr and "Traceback" not in refused.stderr

@@ -14,6 +14,10 @@ runs the engine again only on the texts whose counts it changes (:class:`Entitie
 text's entities follow from its counts). The F1 reported is the one ``padellm-ner evaluate``
 gives with the chosen bias. A model's biases are chosen on the choose half of dev and kept only
 when they carry to the report half (:func:`calibrate_on_halves`, :mod:`corpora.dev_halves`).
+
+The other rule, one count quantile for every label (:mod:`ner_service.engine.count_bias`), is
+chosen the same way over :data:`QUANTILE_GRID` (:func:`calibrate_quantile_on_halves`) and kept
+only when it carries to the report half better than the model's own rule.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from tqdm import tqdm
 from corpora import Example
 from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine, NERModelConfig
-from ner_service.engine.count_bias import CountBias, CountBiasSetting
+from ner_service.engine.count_bias import CountBias, CountBiasSetting, quantile_digits
 from ner_service.engine.query_runners import SharedPrefixRunner
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.strategies.padellm import PaDeLLM
@@ -37,6 +41,8 @@ from training.evaluate import SpanKey, predict, span_f1
 
 #: The biases tried per label (log-probability per unit of a count's first digit).
 GRID = tuple(round(0.25 * step, 2) for step in range(-4, 13))
+#: The count quantiles tried, surest first (a tie goes to the larger: fewer mentions asked).
+QUANTILE_GRID = (0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05)
 #: Steps the ascent takes past the best bias before it turns back (a flat step is crossed).
 PATIENCE = 2
 #: Rounds over the labels at most (a label's best bias moves with the others').
@@ -67,6 +73,12 @@ class CountScores:
 
     def rows(self, label: str) -> torch.Tensor:
         return torch.tensor([lab == label for lab in self.labels], dtype=torch.bool)
+
+    def quantile_counts(self, quantile: float) -> torch.Tensor:
+        """Every pair's count under one count quantile: the largest digit the model gives at
+        least that probability of being reached (its distribution over the digits alone)."""
+        tail = self.digits.softmax(-1).flip(-1).cumsum(-1).flip(-1)
+        return quantile_digits(tail, quantile)
 
     def all_counts(self, biases: Biases) -> torch.Tensor:
         """Every pair's count with each label's bias of ``biases``."""
@@ -135,11 +147,13 @@ def _prf(scores: dict[str, float]) -> str:
     return f"{scores['f1']:.2f} (P {scores['precision']:.2f} / R {scores['recall']:.2f})"
 
 
-def count_scores(engine: NEREngine, examples: Sequence[Example], batch_size: int = 16, progress: bool = True) -> CountScores:
-    """The count scores of every (window, label) pair of ``examples`` as the engine reads them."""
+def count_scores(engine: NEREngine, examples: Sequence[Example], batch_size: int = 16, progress: bool = True,
+                 labels: Sequence[str] | None = None) -> CountScores:
+    """The count scores of every (window, label) pair of ``examples`` as the engine reads them
+    (``labels``: those an open model is asked; None: the model's)."""
     strategy = engine.strategy("padellm")
     assert isinstance(strategy, PaDeLLM)
-    labels = engine.labels
+    labels = list(labels or engine.labels)
     if sorted(strategy.digit_ids) != list(range(10)):
         raise ValueError(f"calibrating counts needs a token for each digit 0-9; model {engine.name!r} has {sorted(strategy.digit_ids)}")
     digit_tokens = [strategy.digit_ids[d] for d in range(10)]
@@ -169,32 +183,36 @@ class EntitiesByCounts:
     """The engine's PaDeLLM entities of each text under any count bias: a text's entities follow
     from its counts, so the engine runs again only on a text whose counts are new."""
 
-    def __init__(self, engine: NEREngine, examples: Sequence[Example], scores: CountScores, batch_size: int = 16) -> None:
+    def __init__(self, engine: NEREngine, examples: Sequence[Example], scores: CountScores, batch_size: int = 16,
+                 labels: Sequence[str] | None = None) -> None:
+        """``labels``: those an open model is asked, as ``scores`` were (None: the model's)."""
         self.engine, self.examples, self.scores, self.batch_size = engine, examples, scores, batch_size
+        self.labels = list(labels) if labels else None
         self.found: list[dict[tuple[int, ...], list[SpanKey]]] = [{} for _ in examples]
-        labels = set(engine.labels)
-        self.gold = [[(s.start, s.end, s.label) for s in e.spans if s.label in labels] for e in examples]
+        wanted = set(self.labels or engine.labels)
+        self.gold = [[(s.start, s.end, s.label) for s in e.spans if s.label in wanted] for e in examples]
 
-    def signatures(self, biases: Biases) -> list[tuple[int, ...]]:
-        """Each text's counts under ``biases``, pair by pair."""
+    def signatures(self, biases: Biases, quantile: float | None = None) -> list[tuple[int, ...]]:
+        """Each text's counts under ``biases`` (or, where set, one count ``quantile``), pair by pair."""
+        counts = self.scores.all_counts(biases) if quantile is None else self.scores.quantile_counts(quantile)
         per_text: list[list[int]] = [[] for _ in self.examples]
-        for text, count in zip(self.scores.texts, self.scores.all_counts(biases).tolist()):
+        for text, count in zip(self.scores.texts, counts.tolist()):
             per_text[text].append(count)
         return [tuple(counts) for counts in per_text]
 
-    def entities(self, biases: Biases, progress: bool = False) -> list[list[SpanKey]]:
-        signatures = self.signatures(biases)
+    def entities(self, biases: Biases, progress: bool = False, quantile: float | None = None) -> list[list[SpanKey]]:
+        signatures = self.signatures(biases, quantile)
         new = [i for i, signature in enumerate(signatures) if signature not in self.found[i]]
         engine = copy.copy(self.engine)
-        engine.count_bias = CountBias.of(biases)
-        found = predict(engine, [self.examples[i] for i in new], engine.options(strategy="padellm"), self.batch_size, progress)
+        engine.count_bias, engine.count_quantile = CountBias.of(biases), quantile
+        found = predict(engine, [self.examples[i] for i in new], engine.options(self.labels, strategy="padellm"), self.batch_size, progress)
         for i, entities in zip(new, found.entities):
             self.found[i][signatures[i]] = entities
         return [self.found[i][signature] for i, signature in enumerate(signatures)]
 
-    def f1(self, biases: Biases, progress: bool = False) -> dict:
-        """``span_f1`` of the entities under ``biases`` against the gold spans."""
-        return span_f1(self.gold, self.entities(biases, progress))
+    def f1(self, biases: Biases, progress: bool = False, quantile: float | None = None) -> dict:
+        """``span_f1`` of the entities under ``biases`` (or one count ``quantile``) against the gold spans."""
+        return span_f1(self.gold, self.entities(biases, progress, quantile))
 
 
 def ascend(labels: Sequence[str], start: Biases, score: Callable[[Biases], float], grid: Sequence[float] = GRID) -> Biases:
@@ -280,6 +298,60 @@ def calibrate_on_halves(engine: NEREngine, dev: str | Path, batch_size: int = 16
     found = EntitiesByCounts(engine, report, count_scores(engine, report, batch_size, progress), batch_size)
     was = {c.label: c.was for c in chosen.labels}
     return HalvesCalibration(chosen, _summary(found.f1(was, progress)), _summary(found.f1(chosen.biases, progress)))
+
+
+@dataclass(frozen=True)
+class QuantileCalibration:
+    """One count quantile chosen on the choose half of dev (the micro-F1 of each one tried), and
+    what it and the model's own rule (``was``: its count quantile, or its biases where None) give
+    on the report half: the quantile is kept only where it gives the report half more."""
+
+    tried: dict[float, dict[str, float]]
+    quantile: float
+    was: float | None
+    choose_before: dict[str, float]
+    report_before: dict[str, float] | None  # None: the file has no report half (one document)
+    report_after: dict[str, float] | None
+
+    @property
+    def carried(self) -> bool:
+        if self.report_after is None or self.report_before is None:
+            return self.tried[self.quantile]["f1"] > self.choose_before["f1"]
+        return self.report_after["f1"] > self.report_before["f1"]
+
+    def setting(self) -> float | None:
+        """The model's ``count_quantile`` after this calibration."""
+        return self.quantile if self.carried else self.was
+
+    def table(self) -> str:
+        was = "its count bias" if self.was is None else f"count quantile {self.was:g}"
+        lines = ["| count quantile | choose half micro-F1 (P / R) |", "| --- | --- |"]
+        lines += [f"| {q:g}{' (chosen)' if q == self.quantile else ''} | {_prf(scores)} |" for q, scores in self.tried.items()]
+        lines += ["", f"The model's rule ({was}) on the choose half: {_prf(self.choose_before)}"]
+        if self.report_after is None or self.report_before is None:
+            return "\n".join(lines + ["Report half: none (the file is one document)"])
+        verdict = "kept" if self.carried else "not kept: it does not carry to the report half"
+        return "\n".join(lines + [f"Report half: micro-F1 {_prf(self.report_after)} with quantile {self.quantile:g} "
+                                  f"(the model's rule: {_prf(self.report_before)}); {verdict}"])
+
+
+def calibrate_quantile_on_halves(engine: NEREngine, dev: str | Path, batch_size: int = 16, limit: int | None = None,
+                                 progress: bool = True, grid: Sequence[float] = QUANTILE_GRID) -> QuantileCalibration:
+    """Choose one count quantile of ``grid`` on the choose half of ``dev`` (its first ``limit``
+    texts) and score it and the model's own rule on the report half."""
+    halves = dev_halves(dev)
+    was_biases = {label: engine.count_bias.for_label(label) for label in engine.labels}
+    choose = halves.choose[:limit]
+    found = EntitiesByCounts(engine, choose, count_scores(engine, choose, batch_size, progress), batch_size)
+    choose_before = _summary(found.f1(was_biases, progress, engine.count_quantile))
+    tried = {q: _summary(found.f1(was_biases, progress, q)) for q in tqdm(grid, desc="count quantile", unit="try", disable=not progress)}
+    best = max(tried, key=lambda q: (tried[q]["f1"], q))
+    report = halves.report[:limit]
+    if not report:
+        return QuantileCalibration(tried, best, engine.count_quantile, choose_before, None, None)
+    found = EntitiesByCounts(engine, report, count_scores(engine, report, batch_size, progress), batch_size)
+    return QuantileCalibration(tried, best, engine.count_quantile, choose_before, _summary(found.f1(was_biases, progress, engine.count_quantile)),
+                               _summary(found.f1(was_biases, progress, best)))
 
 
 def calibrate_model(engine: NEREngine, ner_config: NERModelConfig, dev: str | Path, batch_size: int = 16, limit: int | None = None) -> str:

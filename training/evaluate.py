@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from tqdm import tqdm
 
@@ -83,6 +83,41 @@ def predict(engine: NEREngine, examples: Sequence[Example], options: ExtractOpti
     return out
 
 
+def _asked_of(options: ExtractOptions, example: Example, sources: Mapping[str, Collection[str]] | None) -> ExtractOptions:
+    """``options`` with only the labels ``example``'s source annotates, where ``sources`` lists it."""
+    if not sources or example.source not in sources:
+        return options
+    annotated = set(sources[example.source])
+    kept = tuple(label for label in options.labels or () if label in annotated)
+    return replace(options, labels=kept, descriptions=tuple(d for d in options.descriptions if d[0] in annotated))
+
+
+def predict_asked(engine: NEREngine, examples: Sequence[Example], asked: Sequence[ExtractOptions], batch_size: int = 1,
+                  progress: bool = True, deadline: float | None = None) -> Predictions:
+    """:func:`predict` where each example has its own options (its source's labels): the examples of
+    equal options run together, in batches of ``batch_size``; an example asked no label finds none
+    (a ``deadline`` needs one set of options for all)."""
+    if len(set(asked)) <= 1:
+        return predict(engine, examples, asked[0], batch_size, progress, deadline) if examples else Predictions()
+    if deadline is not None:
+        raise ValueError("a deadline cuts the examples in order: it needs the same options for all of them")
+    groups: dict[ExtractOptions, list[int]] = {}
+    for index, options in enumerate(asked):
+        groups.setdefault(options, []).append(index)
+    out = Predictions(entities=[[] for _ in examples])
+    for options, indices in groups.items():
+        if not options.labels:
+            continue
+        found = predict(engine, [examples[i] for i in indices], options, batch_size, progress, deadline)
+        for index, entities in zip(indices, found.entities):
+            out.entities[index] = entities
+        out.latencies_ms += found.latencies_ms
+        out.forward_passes += found.forward_passes
+        out.unmatched_mentions += found.unmatched_mentions
+        out.seconds += found.seconds
+    return out
+
+
 def evaluate_engine(
     engine: NEREngine,
     examples: Sequence[Example],
@@ -92,15 +127,19 @@ def evaluate_engine(
     labels: Sequence[str] | None = None,
     progress: bool = True,
     deadline: float | None = None,
+    sources: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, object]:
     """Run the engine over ``examples`` and score it; latency is per batch of ``batch_size`` texts.
     ``labels``, ``strategy`` and ``decoder`` are validated by :meth:`NEREngine.options` (None: the default);
-    ``deadline``: see :func:`predict` (``n_sentences`` says how many texts were scored)."""
+    ``deadline``: see :func:`predict` (``n_sentences`` says how many texts were scored); ``sources``:
+    the labels each source annotates, under the names asked (a corpus's ``sources.json``): a
+    record of a listed source is asked, and scored on, only those of the labels asked."""
     options = engine.options(labels, strategy, decoder)
-    wanted = set(options.labels or ())
-    found = predict(engine, examples, options, batch_size, progress, deadline)
+    asked = [_asked_of(options, e, sources) for e in examples]
+    found = predict_asked(engine, examples, asked, batch_size, progress, deadline)
     scored = examples[: len(found.entities)]
-    gold = [[_key(s) for s in e.spans if s.label in wanted] for e in scored]
+    wanted = [set(each.labels or ()) for each in asked]
+    gold = [[_key(s) for s in e.spans if s.label in labels] for e, labels in zip(scored, wanted)]
     scores = span_f1(gold, found.entities)
     ordered = sorted(found.latencies_ms) or [0.0]
     return {

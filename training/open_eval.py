@@ -14,6 +14,8 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -21,6 +23,7 @@ from tqdm import tqdm
 from corpora import Example, Span, read_corpus
 from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine, NERModel
+from training.count_calibration import QUANTILE_GRID, EntitiesByCounts, count_scores
 from training.evaluate import evaluate_engine
 from training.open_data import SUPERVISED_NAMES, zero_shot_sets
 
@@ -76,6 +79,78 @@ def calibrate_open_model(engine: NEREngine, data: Path, limit: int, batch_size: 
     return measured_calibration("padellm", choose, report, gold)
 
 
+@dataclass(frozen=True)
+class OpenQuantileChoice:
+    """One count quantile for an open model, chosen where its users ask it labels it never saw: the
+    zero-shot average micro-F1 on each held-out corpus's texts after the first ``limit`` under each
+    quantile tried (``tried``) and under the model's own rule (``choose_before``), and on the first
+    ``limit`` texts, the ones reported, under the chosen quantile and the model's rule (per corpus)."""
+
+    tried: dict[float, float]
+    chosen: float
+    was: float | None
+    choose_before: float
+    report: dict[str, tuple[float, float]]  # corpus: (the model's rule, the chosen quantile)
+
+    @property
+    def report_before(self) -> float:
+        return statistics.fmean(before for before, _ in self.report.values())
+
+    @property
+    def report_after(self) -> float:
+        return statistics.fmean(after for _, after in self.report.values())
+
+    @property
+    def carried(self) -> bool:
+        return self.report_after > self.report_before
+
+    def setting(self) -> float | None:
+        """The model's ``count_quantile`` after this choice: the chosen one where it carries."""
+        return self.chosen if self.carried else self.was
+
+    def table(self) -> str:
+        was = "its count bias" if self.was is None else f"count quantile {self.was:g}"
+        lines = ["| count quantile | zero-shot average, choosing texts |", "| --- | --- |", f"| the model's ({was}) | {self.choose_before:.2f} |"]
+        lines += [f"| {q:g}{' (chosen)' if q == self.chosen else ''} | {f1:.2f} |" for q, f1 in self.tried.items()]
+        lines += ["", f"| reported texts | the model's rule | count quantile {self.chosen:g} |", "| --- | --- | --- |"]
+        lines += [f"| {corpus} | {before:.2f} | {after:.2f} |" for corpus, (before, after) in self.report.items()]
+        lines += [f"| **average** | **{self.report_before:.2f}** | **{self.report_after:.2f}** |", "",
+                  "kept" if self.carried else "not kept: it does not carry to the reported texts"]
+        return "\n".join(lines)
+
+
+def choose_open_quantile(engine: NEREngine, data: Path, limit: int, choose_limit: int | None = None, batch_size: int = 16,
+                         grid: Sequence[float] = QUANTILE_GRID) -> OpenQuantileChoice:
+    """The count quantile of ``grid`` with the best zero-shot average on the ``choose_limit`` texts
+    (None: ``limit``) after each held-out corpus's first ``limit`` (asked its own names), scored on
+    those first ``limit`` against the model's own rule (:class:`OpenQuantileChoice`). A text's
+    entities follow from its counts, so each quantile runs the engine only on the texts whose
+    counts it changes."""
+    sets = zero_shot_sets(data / "open", limit + (limit if choose_limit is None else choose_limit))
+    reported = {held_out.corpus: held_out for held_out in zero_shot_sets(data / "open", limit)}  # as score_open_model asks them
+    choosing: dict[str, dict[float | None, float]] = {}
+    reporting: list[tuple[str, EntitiesByCounts, dict[str, float]]] = []
+    with tqdm(total=len(sets) * (len(grid) + 1), desc="count quantile", unit="try") as bar:
+        for held_out in sets:
+            parts = []
+            for part in (held_out, reported[held_out.corpus]):
+                examples = part.examples[limit:] if part is held_out else part.examples
+                scores = count_scores(engine, examples, batch_size, progress=False, labels=part.labels)
+                parts.append((EntitiesByCounts(engine, examples, scores, batch_size, part.labels),
+                              {label: engine.count_bias.for_label(label) for label in part.labels}))
+            choosing[held_out.corpus] = {}
+            for quantile in (engine.count_quantile, *grid):
+                choosing[held_out.corpus][quantile] = float(parts[0][0].f1(parts[0][1], quantile=quantile)["micro_f1"])
+                bar.update(1)
+            reporting.append((held_out.corpus, *parts[1]))
+    tried = {q: statistics.fmean(f1s[q] for f1s in choosing.values()) for q in grid}
+    chosen = max(tried, key=lambda q: (tried[q], q))
+    choose_before = statistics.fmean(f1s[engine.count_quantile] for f1s in choosing.values())
+    report = {corpus: (float(found.f1(biases, quantile=engine.count_quantile)["micro_f1"]), float(found.f1(biases, quantile=chosen)["micro_f1"]))
+              for corpus, found, biases in tqdm(reporting, desc="reported texts", unit="corpus")}
+    return OpenQuantileChoice(tried, chosen, engine.count_quantile, choose_before, report)
+
+
 def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine, dict]:
     """The engine of a run's snapshot: the run's starting model with the snapshot's trained weights
     (None: the starting model as it is, asked as an open model: the baseline that never saw open labels)."""
@@ -113,11 +188,30 @@ def main() -> int:
                                                                  "labels.tsv as its description (where it has one)")
     parser.add_argument("--calibrate", action="store_true", help="fit the model's score map instead (zero-shot texts --limit to twice "
                                                                  "that and the supervised choosing halves; measured on the texts scored)")
-    parser.add_argument("--write", action="store_true", help="with --calibrate: write the map into the model's ner_model.json")
+    parser.add_argument("--choose-quantile", action="store_true", help="choose the model's count quantile instead, on the "
+                                                                       "--choose-limit zero-shot texts after the first --limit; reported on those")
+    parser.add_argument("--choose-limit", type=int, default=None, help="with --choose-quantile: texts of each corpus it is chosen on "
+                                                                      "(default: --limit)")
+    parser.add_argument("--quantiles", default=",".join(map(str, QUANTILE_GRID)), help="with --choose-quantile: those tried "
+                                                                                        "(default: %(default)s)")
+    parser.add_argument("--count-quantile", type=float, default=None, metavar="Q",
+                        help="score (or compare with) this count quantile in place of the model's rule (0: its count bias)")
+    parser.add_argument("--write", action="store_true", help="with --calibrate or --choose-quantile: write the map or the quantile "
+                                                             "into the model's ner_model.json")
     args = parser.parse_args()
     data, target = Path(args.data), Path(args.model)
     if args.calibrate:
         return _calibrate(args.model, data, args.limit, args.write)
+    if args.choose_quantile:
+        from ner_service.engine.count_bias import checked_quantile
+
+        try:
+            grid = [checked_quantile(float(q)) for q in args.quantiles.split(",") if q.strip()]
+        except ValueError as error:
+            parser.error(f"--quantiles: {error}")
+        if not grid:
+            parser.error("--quantiles: give at least one count quantile")
+        return _choose_quantile(args.model, data, args.limit, args.choose_limit, grid, args.count_quantile, args.write)
     done = set()
     if args.json and Path(args.json).is_file():
         done = {json.loads(line).get("snapshot") for line in Path(args.json).read_text(encoding="utf-8").splitlines() if line.strip()}
@@ -127,7 +221,7 @@ def main() -> int:
         snapshots = [Path(args.snapshot)] if args.snapshot else sorted((target / "snapshots").glob("snapshot-*.pt"))
         jobs = [(s, lambda s=s: snapshot_engine(target, s)) for s in snapshots if s.name not in done]
     else:
-        jobs = [(None, lambda: (NEREngine.load(args.model, dtype="auto"), {}))]
+        jobs = [(None, lambda: (NEREngine.load(args.model, dtype="auto", count_quantile=args.count_quantile), {}))]
     for snapshot, load in jobs:
         began = time.perf_counter()
         engine, saved = load()
@@ -156,6 +250,23 @@ def _calibrate(model: str, data: Path, limit: int, write: bool) -> int:
     if write:
         folder = resolve_ner_model(model)
         replace(engine.ner_model.config, score_calibration=setting).write(folder)
+        print(f"written to {folder / 'ner_model.json'}")
+    return 0
+
+
+def _choose_quantile(model: str, data: Path, limit: int, choose_limit: int | None, grid: list[float], count_quantile: float | None,
+                     write: bool) -> int:
+    from dataclasses import replace
+
+    from ner_service.engine.ner_model import resolve_ner_model
+
+    engine = NEREngine.load(model, dtype="auto", count_quantile=count_quantile)
+    choice = choose_open_quantile(engine, data, limit, choose_limit, grid=grid)
+    print(choice.table())
+    print(f"count_quantile: {json.dumps(choice.setting())}")
+    if write:
+        folder = resolve_ner_model(model)
+        replace(engine.ner_model.config, count_quantile=choice.setting()).write(folder)
         print(f"written to {folder / 'ner_model.json'}")
     return 0
 

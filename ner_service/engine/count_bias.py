@@ -1,16 +1,26 @@
-"""How much PaDeLLM favours larger counts, per label.
+"""How PaDeLLM reads a count from the model's distribution over a count's first digit.
 
-A model that under-counts (its recall trails its precision) answers more mentions when its
-count's first digit d gets ``d * bias`` added to its log-probability. Labels under-count
-unequally (CoNLL-03: ORG and MISC more than PER), so the bias is per label: ``ner_model.json``
-holds one number for every label or a ``{label: bias}`` table (labels left out: 0), chosen on dev
-by ``padellm-ner calibrate-counts``.
+Two rules, both chosen on dev by ``padellm-ner calibrate-counts``:
+
+* a **count bias** (``count_bias``): a model that under-counts (its recall trails its precision)
+  answers more mentions when its count's first digit d gets ``d * bias`` added to its
+  log-probability, and the most probable token is the count. Labels under-count unequally
+  (CoNLL-03: ORG and MISC more than PER), so the bias may be per label: ``ner_model.json`` holds one
+  number for every label or a ``{label: bias}`` table (labels left out: 0);
+* a **count quantile** (``count_quantile``, where set it replaces the bias): the count is the
+  largest d that the model gives at least that probability of holding d or more mentions. One
+  number for every label, a label never seen in training included: the model's own uncertainty
+  decides how far each count reaches, where a bias shifts every label's counts alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the engine's config reads this module without loading torch
+    import torch
 
 #: What ``ner_model.json``'s ``count_bias`` holds: one bias for every label, or one per label.
 CountBiasSetting = float | dict[str, float]
@@ -65,6 +75,24 @@ class CountBias:
             label, _, value = item.partition("=")
             table[label.strip()] = _number(value)
         return CountBias.of(table).checked(known)
+
+
+class InvalidCountQuantileError(ValueError):
+    """A count quantile outside (0, 1]."""
+
+
+def checked_quantile(quantile: float | None) -> float | None:
+    """``quantile`` when it is None or in (0, 1]; else :class:`InvalidCountQuantileError`."""
+    if quantile is not None and not 0.0 < quantile <= 1.0:
+        raise InvalidCountQuantileError(f"a count quantile is a probability in (0, 1], not {quantile!r}")
+    return quantile
+
+
+def quantile_digits(at_least: "torch.Tensor", quantile: float) -> "torch.Tensor":
+    """Per row of ``at_least`` (``[rows, digits]``: the probability of a count of at least each
+    digit, non-increasing along a row), the index of the largest digit whose probability is at
+    least ``quantile`` (digit 0, with probability 1, when none above it is)."""
+    return (at_least >= quantile).sum(-1).sub(1).clamp_min(0)
 
 
 def _number(value: object) -> float:

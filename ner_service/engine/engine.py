@@ -21,7 +21,7 @@ import torch
 from general_decoding import Decoder, get_decoder
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window, windows_of
-from ner_service.engine.count_bias import CountBias, CountBiasSetting
+from ner_service.engine.count_bias import CountBias, CountBiasSetting, checked_quantile
 from ner_service.engine.defaults import DEFAULT_DECODER, PAST_COUNT_ROUNDS
 from ner_service.engine.cpu import torch_dtype
 from ner_service.engine.document_consistency import consistent_entities
@@ -53,10 +53,10 @@ class NEREngine:
                  speculated_counts: tuple[int, ...] | None = None, document_consistency: bool | None = None,
                  diffusion_sampler: "BlockDiffusionSampler | None" = None, restricted_output: bool = True,
                  calibrated_scores: bool = True, past_count_rounds: int = PAST_COUNT_ROUNDS,
-                 past_count_floor: float | None = None) -> None:
-        """``max_window_tokens``, ``count_bias``, ``repair_unaligned``, ``document_consistency`` and
-        ``past_count_floor`` default to the model's (``ner_model.json``: ``window_tokens``, else
-        :data:`MAX_WINDOW_TOKENS`), ``speculated_counts`` to the device's
+                 past_count_floor: float | None = None, count_quantile: float | None = None) -> None:
+        """``max_window_tokens``, ``count_bias``, ``count_quantile`` (0: none, the count bias
+        decides), ``repair_unaligned``, ``document_consistency`` and ``past_count_floor`` default to
+        the model's (``ner_model.json``: ``window_tokens``, else :data:`MAX_WINDOW_TOKENS`), ``speculated_counts`` to the device's
         (:data:`SPECULATED_COUNTS`); see :class:`StrategyOptions` for what each strategy setting
         does (``restricted_output`` False: PaDeLLM's answers over the whole output layer, the path
         before issue 78), :mod:`.document_consistency` for ``document_consistency``. With
@@ -74,6 +74,8 @@ class NEREngine:
         self.restricted_output = restricted_output
         self.past_count_rounds = past_count_rounds
         self.past_count_floor = ner_model.config.past_count_floor if past_count_floor is None else past_count_floor
+        quantile = ner_model.config.count_quantile if count_quantile is None else count_quantile
+        self.count_quantile = checked_quantile(quantile or None)  # 0: no quantile, the count bias decides
         self.score_calibrations = {strategy: ScoreCalibration.of(setting) for strategy, setting in ner_model.config.score_calibration.items()
                                    } if calibrated_scores else {}
 
@@ -101,7 +103,7 @@ class NEREngine:
         """The engine's settings as its strategies read them."""
         return StrategyOptions(self.count_bias, self.repair_duplicates, self.repair_unaligned, self.speculated_counts, self.diffusion_sampler,
                                restricted_output=self.restricted_output, past_count_rounds=self.past_count_rounds,
-                               past_count_floor=self.past_count_floor)
+                               past_count_floor=self.past_count_floor, count_quantile=self.count_quantile)
 
     def strategy(self, name: str) -> Strategy:
         """The strategy registered as ``name``, on this engine's model and settings (a name that

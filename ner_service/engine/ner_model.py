@@ -56,6 +56,7 @@ class NERModelConfig:
     lud_placeholder: str | None = None  # set by `train-lud`: the placeholder token of lexical-unit decoding
     lud_unit_size: int | None = None
     count_bias: CountBiasSetting = 0.0  # PaDeLLM: per unit of a count's first digit, for every label or per label (count_bias.py)
+    count_quantile: float | None = None  # PaDeLLM: the largest count this probable or more, in place of count_bias (count_bias.py)
     repair_unaligned: bool = True  # PaDeLLM: re-ask a mention not in the text, restricted to its spans
     answers_past_count: bool = False  # trained with past-count queries: an empty mention answer says "no such mention", kept
     past_count_floor: float = 0.0  # PaDeLLM asks past a count only where a further mention has this probability (0: always); chosen on dev

@@ -22,7 +22,9 @@ class StrategyOptions:
     """The engine's settings that strategies read, resolved against the model's defaults.
 
     ``count_bias`` favours larger counts (PaDeLLM: a count's first digit d gets ``d`` times its
-    label's bias added to its log-probability); ``repair_duplicates`` re-asks a mention answered
+    label's bias added to its log-probability); ``count_quantile``, where set, replaces it: PaDeLLM's
+    count is the largest d the model gives at least that probability of d or more mentions
+    (:mod:`ner_service.engine.count_bias`); ``repair_duplicates`` re-asks a mention answered
     more often than the text holds it; ``repair_unaligned`` re-asks one that is not in the text
     at all, restricted to spans of it; ``speculated_counts`` are the counts whose mention queries
     PaDeLLM feeds with the count queries (:mod:`.padellm`); ``diffusion_sampler`` samples
@@ -42,6 +44,7 @@ class StrategyOptions:
     restricted_output: bool = False
     past_count_rounds: int = 0
     past_count_floor: float = 0.0
+    count_quantile: float | None = None
 
 
 class Strategy(ABC):

@@ -4,7 +4,8 @@ For a batch of windows:
 
 1. one forward runs every window once as a prefix, with all of its count queries as branches
    (:meth:`QueryRunner.encode`): each (window, label) count's first token (with each label's ``count_bias``,
-   larger counts are favoured). Next to each count query it speculates: it also feeds the
+   larger counts are favoured; with a ``count_quantile``, the largest count the model holds that
+   probable or more). Next to each count query it speculates: it also feeds the
    mention queries that the counts in ``speculated_counts`` lead to (``PER count:1\nPER 1:``);
    when the count is one of those, its confirmation and its mentions' first tokens come from
    this forward, and the answers start one forward earlier (the same answers: only where the
@@ -41,6 +42,7 @@ from ner_service.engine import prompts
 from ner_service.engine.answer_vocabulary import AnswerVocabulary
 from ner_service.engine.query_runners import QueryRunner, SharedPrefixRunner
 from ner_service.engine.chunking import Window
+from ner_service.engine.count_bias import quantile_digits
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.queries import Answer, Branch, MentionQuery, WindowLabel, answer_of, count_query_ids, mention_queries
 from ner_service.engine.results import ExtractionStats
@@ -187,13 +189,18 @@ class PaDeLLM(Strategy):
         return log_probs.plus([self.digit_ids[d] for d in digits], per_label.repeat(len(log_probs) // len(labels), 1))
 
     def _counts(self, runner: QueryRunner, windows: list[Window], labels: list[str], stats: ExtractionStats) -> Counts:
-        """Each (window, label)'s count from its first token (biased), the branches that confirm
+        """Each (window, label)'s count from its first token (biased; or, with a ``count_quantile``,
+        the largest digit that probable or more: :mod:`ner_service.engine.count_bias`), the branches that confirm
         each count above 0, and the model's own belief in each count (:class:`Counts`)."""
         log_probs = self.count_log_probs(runner, windows, labels, stats)
         digits = sorted(self.digit_ids)
         digit_probs = log_probs.of([self.digit_ids[d] for d in digits]).softmax(-1)
-        at_least = digit_probs.flip(-1).cumsum(-1).flip(-1).clamp_min(1e-9).log().tolist()  # digit d: the mass of d and above
-        first = self.biased(log_probs, labels).argmax().tolist()
+        tail = digit_probs.flip(-1).cumsum(-1).flip(-1)  # digit d: the mass of d and above
+        at_least = tail.clamp_min(1e-9).log().tolist()
+        if self.options.count_quantile is not None:
+            first = [self.digit_ids[digits[i]] for i in quantile_digits(tail, self.options.count_quantile).tolist()]
+        else:
+            first = self.biased(log_probs, labels).argmax().tolist()
         decode = self.ner_model.tokenizer.decode
         keys = [WindowLabel(w, label) for w in range(len(windows)) for label in labels]
         chosen: dict[WindowLabel, int] = {}
