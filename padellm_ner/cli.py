@@ -242,12 +242,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_calibrate_counts(args: argparse.Namespace) -> int:
     from ner_service.engine import NEREngine
     from ner_service.engine.cpu import configure_threads
+    from ner_service.engine.count_bias import parse_quantiles
     from training.count_calibration import QUANTILE_GRID, calibrate_on_halves, calibrate_quantile_on_halves
 
     configure_threads(args.threads)
+    grid = parse_quantiles(args.quantiles) if args.quantiles else QUANTILE_GRID  # a bad one: a ValueError, exit 2 (main)
     engine = NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args), count_quantile=args.count_quantile)
     if args.quantile:  # one number for every label, chosen on one half, reported on the other
-        grid = _quantiles(args.quantiles) if args.quantiles else QUANTILE_GRID
         quantile = calibrate_quantile_on_halves(engine, args.path, args.batch_size, args.limit, grid=grid)
         print(quantile.table())
         return _chosen_setting(args, engine, "count_quantile", quantile.setting())
@@ -258,19 +259,6 @@ def cmd_calibrate_counts(args: argparse.Namespace) -> int:
     setting = calibration.setting()
     print(calibration.table())
     return _chosen_setting(args, engine, "count_bias", setting)
-
-
-def _quantiles(spec: str) -> list[float]:
-    """``--quantiles``: comma-separated count quantiles, each in (0, 1]."""
-    from ner_service.engine.count_bias import checked_quantile
-
-    try:
-        grid = [float(checked_quantile(float(q))) for q in spec.split(",") if q.strip()]  # type: ignore[arg-type]
-    except ValueError as error:
-        raise SystemExit(f"error: --quantiles: {error}") from None
-    if not grid:
-        raise SystemExit("error: --quantiles: give at least one count quantile")
-    return grid
 
 
 def cmd_calibrate_scores(args: argparse.Namespace) -> int:

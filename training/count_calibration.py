@@ -23,7 +23,7 @@ only when it carries to the report half better than the model's own rule.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from tqdm import tqdm
 from corpora import Example
 from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine, NERModelConfig
-from ner_service.engine.count_bias import CountBias, CountBiasSetting, quantile_digits
+from ner_service.engine.count_bias import CountBias, CountBiasSetting, quantile_digits, reach_probabilities
 from ner_service.engine.query_runners import SharedPrefixRunner
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.strategies.padellm import PaDeLLM
@@ -77,8 +77,7 @@ class CountScores:
     def quantile_counts(self, quantile: float) -> torch.Tensor:
         """Every pair's count under one count quantile: the largest digit the model gives at
         least that probability of being reached (its distribution over the digits alone)."""
-        tail = self.digits.softmax(-1).flip(-1).cumsum(-1).flip(-1)
-        return quantile_digits(tail, quantile)
+        return quantile_digits(reach_probabilities(self.digits), quantile)
 
     def all_counts(self, biases: Biases) -> torch.Tensor:
         """Every pair's count with each label's bias of ``biases``."""
@@ -335,6 +334,11 @@ class QuantileCalibration:
                                   f"(the model's rule: {_prf(self.report_before)}); {verdict}"])
 
 
+def best_quantile(f1_by_quantile: Mapping[float, float]) -> float:
+    """The count quantile of the highest F1; of equal ones the larger (fewer mentions asked)."""
+    return max(f1_by_quantile, key=lambda q: (f1_by_quantile[q], q))
+
+
 def calibrate_quantile_on_halves(engine: NEREngine, dev: str | Path, batch_size: int = 16, limit: int | None = None,
                                  progress: bool = True, grid: Sequence[float] = QUANTILE_GRID) -> QuantileCalibration:
     """Choose one count quantile of ``grid`` on the choose half of ``dev`` (its first ``limit``
@@ -345,7 +349,7 @@ def calibrate_quantile_on_halves(engine: NEREngine, dev: str | Path, batch_size:
     found = EntitiesByCounts(engine, choose, count_scores(engine, choose, batch_size, progress), batch_size)
     choose_before = _summary(found.f1(was_biases, progress, engine.count_quantile))
     tried = {q: _summary(found.f1(was_biases, progress, q)) for q in tqdm(grid, desc="count quantile", unit="try", disable=not progress)}
-    best = max(tried, key=lambda q: (tried[q]["f1"], q))
+    best = best_quantile({q: scores["f1"] for q, scores in tried.items()})
     report = halves.report[:limit]
     if not report:
         return QuantileCalibration(tried, best, engine.count_quantile, choose_before, None, None)

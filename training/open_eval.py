@@ -23,7 +23,7 @@ from tqdm import tqdm
 from corpora import Example, Span, read_corpus
 from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine, NERModel
-from training.count_calibration import QUANTILE_GRID, EntitiesByCounts, count_scores
+from training.count_calibration import QUANTILE_GRID, EntitiesByCounts, best_quantile, count_scores
 from training.evaluate import evaluate_engine
 from training.open_data import SUPERVISED_NAMES, zero_shot_sets
 
@@ -144,7 +144,7 @@ def choose_open_quantile(engine: NEREngine, data: Path, limit: int, choose_limit
                 bar.update(1)
             reporting.append((held_out.corpus, *parts[1]))
     tried = {q: statistics.fmean(f1s[q] for f1s in choosing.values()) for q in grid}
-    chosen = max(tried, key=lambda q: (tried[q], q))
+    chosen = best_quantile(tried)
     choose_before = statistics.fmean(f1s[engine.count_quantile] for f1s in choosing.values())
     report = {corpus: (float(found.f1(biases, quantile=engine.count_quantile)["micro_f1"]), float(found.f1(biases, quantile=chosen)["micro_f1"]))
               for corpus, found, biases in tqdm(reporting, desc="reported texts", unit="corpus")}
@@ -203,14 +203,12 @@ def main() -> int:
     if args.calibrate:
         return _calibrate(args.model, data, args.limit, args.write)
     if args.choose_quantile:
-        from ner_service.engine.count_bias import checked_quantile
+        from ner_service.engine.count_bias import parse_quantiles
 
         try:
-            grid = [checked_quantile(float(q)) for q in args.quantiles.split(",") if q.strip()]
+            grid = parse_quantiles(args.quantiles)
         except ValueError as error:
             parser.error(f"--quantiles: {error}")
-        if not grid:
-            parser.error("--quantiles: give at least one count quantile")
         return _choose_quantile(args.model, data, args.limit, args.choose_limit, grid, args.count_quantile, args.write)
     done = set()
     if args.json and Path(args.json).is_file():
@@ -236,39 +234,35 @@ def main() -> int:
     return 0
 
 
-def _calibrate(model: str, data: Path, limit: int, write: bool) -> int:
+def _chosen(model: str, engine: NEREngine, field: str, setting: object, write: bool) -> int:
+    """Print a chosen setting and, with ``write``, store it in the model's ``ner_model.json``."""
     from dataclasses import replace
 
     from ner_service.engine.ner_model import resolve_ner_model
+
+    print(f"{field}: {json.dumps(setting)}")
+    if write:
+        folder = resolve_ner_model(model)
+        replace(engine.ner_model.config, **{field: setting}).write(folder)
+        print(f"written to {folder / 'ner_model.json'}")
+    return 0
+
+
+def _calibrate(model: str, data: Path, limit: int, write: bool) -> int:
     from training.score_calibration import calibration_setting, calibration_table
 
     engine = NEREngine.load(model, dtype="auto", calibrated_scores=False)
     found = calibrate_open_model(engine, data, limit)
     print(calibration_table([found]))
-    setting = calibration_setting(engine.ner_model.config.score_calibration, [found])
-    print(f"score_calibration: {json.dumps(setting)}")
-    if write:
-        folder = resolve_ner_model(model)
-        replace(engine.ner_model.config, score_calibration=setting).write(folder)
-        print(f"written to {folder / 'ner_model.json'}")
-    return 0
+    return _chosen(model, engine, "score_calibration", calibration_setting(engine.ner_model.config.score_calibration, [found]), write)
 
 
 def _choose_quantile(model: str, data: Path, limit: int, choose_limit: int | None, grid: list[float], count_quantile: float | None,
                      write: bool) -> int:
-    from dataclasses import replace
-
-    from ner_service.engine.ner_model import resolve_ner_model
-
     engine = NEREngine.load(model, dtype="auto", count_quantile=count_quantile)
     choice = choose_open_quantile(engine, data, limit, choose_limit, grid=grid)
     print(choice.table())
-    print(f"count_quantile: {json.dumps(choice.setting())}")
-    if write:
-        folder = resolve_ner_model(model)
-        replace(engine.ner_model.config, count_quantile=choice.setting()).write(folder)
-        print(f"written to {folder / 'ner_model.json'}")
-    return 0
+    return _chosen(model, engine, "count_quantile", choice.setting(), write)
 
 
 if __name__ == "__main__":

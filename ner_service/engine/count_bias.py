@@ -88,6 +88,27 @@ def checked_quantile(quantile: float | None) -> float | None:
     return quantile
 
 
+def parse_quantiles(spec: str) -> list[float]:
+    """Comma-separated count quantiles (``0.4,0.2``), each in (0, 1]; else :class:`InvalidCountQuantileError`."""
+    quantiles = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        try:
+            quantiles.append(float(item))
+        except ValueError:
+            raise InvalidCountQuantileError(f"a count quantile is a probability in (0, 1], not {item!r}") from None
+        checked_quantile(quantiles[-1])
+    if not quantiles:
+        raise InvalidCountQuantileError("give at least one count quantile")
+    return quantiles
+
+
+def reach_probabilities(digit_log_probs: "torch.Tensor") -> "torch.Tensor":
+    """Per row of a count's first-digit log-probabilities (``[rows, digits]``, digits 0 up), the
+    probability that the count reaches each digit: the mass of that digit and those above it,
+    over the digits alone."""
+    return digit_log_probs.softmax(-1).flip(-1).cumsum(-1).flip(-1)
+
+
 def quantile_digits(at_least: "torch.Tensor", quantile: float) -> "torch.Tensor":
     """Per row of ``at_least`` (``[rows, digits]``: the probability of a count of at least each
     digit, non-increasing along a row), the index of the largest digit whose probability is at

@@ -42,7 +42,7 @@ from ner_service.engine import prompts
 from ner_service.engine.answer_vocabulary import AnswerVocabulary
 from ner_service.engine.query_runners import QueryRunner, SharedPrefixRunner
 from ner_service.engine.chunking import Window
-from ner_service.engine.count_bias import quantile_digits
+from ner_service.engine.count_bias import quantile_digits, reach_probabilities
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.queries import Answer, Branch, MentionQuery, WindowLabel, answer_of, count_query_ids, mention_queries
 from ner_service.engine.results import ExtractionStats
@@ -194,8 +194,7 @@ class PaDeLLM(Strategy):
         each count above 0, and the model's own belief in each count (:class:`Counts`)."""
         log_probs = self.count_log_probs(runner, windows, labels, stats)
         digits = sorted(self.digit_ids)
-        digit_probs = log_probs.of([self.digit_ids[d] for d in digits]).softmax(-1)
-        tail = digit_probs.flip(-1).cumsum(-1).flip(-1)  # digit d: the mass of d and above
+        tail = reach_probabilities(log_probs.of([self.digit_ids[d] for d in digits]))
         at_least = tail.clamp_min(1e-9).log().tolist()
         if self.options.count_quantile is not None:
             first = [self.digit_ids[digits[i]] for i in quantile_digits(tail, self.options.count_quantile).tolist()]
