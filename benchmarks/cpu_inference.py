@@ -25,7 +25,9 @@ outside the model); the achieved GFLOP/s of the matrix products (two per weight 
 the decoder stack, two per output row computed per position) against the machine's measured peak
 (a 2048 x 2048 ``torch.matmul`` in float32 and in bfloat16, at each arm's threads). With
 ``--cold`` (default on) it also times commands from a cold process: ``padellm-ner --help``,
-``padellm-ner ingest --help`` and ``padellm-ner extract`` of one sentence.
+``padellm-ner ingest --help`` and ``padellm-ner extract`` of one sentence (the median of three),
+and that ``extract`` in a process that collects cycles while it loads and is torn down at its end;
+then each step of a cold ``extract`` (imports, tokenizer, weights, adapter merge, first sentence).
 
 The JSON holds ``speedup_batch16`` (texts/s of the default over the baseline at batch 16),
 ``speedup_batch1`` (the baseline's latency over the default's at batch 1), ``f1_baseline`` and
@@ -41,7 +43,9 @@ Usage: python benchmarks/cpu_inference.py [--limit N] [--json PATH] [--model NAM
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -237,17 +241,76 @@ def row_of(arm: Arm, gold: list[list[tuple[int, int, str]]], batch_size: int, pe
     }
 
 
-def cold_timings(model: str) -> dict[str, float]:
-    """Seconds of commands in fresh processes, as a user starts them (the shell's ``padellm-ner``)."""
+#: ``padellm-ner`` called from Python rather than started as the program: a process that collects
+#: cycles while it loads and is torn down at its end (:mod:`padellm_ner.one_shot`), as before.
+CALLED_FROM_PYTHON = "import sys; from padellm_ner.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def cold_timings(model: str, repeats: int = 3) -> dict[str, float]:
+    """Median seconds of commands in fresh processes, as a user starts them (the shell's
+    ``padellm-ner``), and of ``extract`` in a process that keeps the whole start and end."""
     command = str(Path(sys.executable).with_name("padellm-ner"))
+    extract = ["extract", "--model", model, COLD_TEXT]
     runs = {"help": [command, "--help"], "ingest_help": [command, "ingest", "--help"],
-            "extract_one_sentence": [command, "extract", "--model", model, COLD_TEXT]}
+            "extract_one_sentence": [command, *extract],
+            "extract_one_sentence_whole_teardown": [sys.executable, "-c", CALLED_FROM_PYTHON, *extract]}
     found = {}
     for name, args in runs.items():
-        began = time.perf_counter()
-        done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600)
-        found[name] = time.perf_counter() - began if done.returncode == 0 else float("nan")
+        seconds = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600)
+            seconds.append(time.perf_counter() - began if done.returncode == 0 else float("nan"))
+        found[name] = statistics.median(seconds)
     return found
+
+
+#: A fresh process started as the program starts (no cycle collection while it loads) that times
+#: each step of a cold ``extract``: the imports, then the engine's own load with its tokenizer,
+#: weights and adapter merge timed where they are called, then the first sentence.
+COLD_PHASES = """
+import gc, json, sys, time
+gc.disable()
+spent, last = {}, time.perf_counter()
+def lap(name):
+    global last
+    now = time.perf_counter()
+    spent[name], last = now - last, now
+import torch
+lap("import torch")
+from transformers import AutoModelForCausalLM, PreTrainedModel
+lap("import transformers' model classes")
+from ner_service.engine import NEREngine, lora_merge, model_loading
+from ner_service.engine.strategies import strategy_class
+strategy_class("padellm")
+lap("import the engine")
+def timed(owner, attribute, name):
+    original = getattr(owner, attribute)
+    def wrapper(*args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - began
+    setattr(owner, attribute, wrapper)
+timed(model_loading, "cached_tokenizer", "tokenizer")
+timed(AutoModelForCausalLM, "from_pretrained", "weights")
+timed(lora_merge, "merge_lora", "adapter merge")
+engine = NEREngine.load(sys.argv[1], dtype="auto")
+lap("load")
+spent["the rest of the load"] = spent.pop("load") - sum(spent.get(k, 0.0) for k in ("tokenizer", "weights", "adapter merge"))
+engine.extract([sys.argv[2]])
+lap("first sentence")
+print(json.dumps(spent))
+"""
+
+
+def cold_phases(model: str) -> dict[str, float]:
+    """Seconds of each step of a cold ``extract`` (:data:`COLD_PHASES`), in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", COLD_PHASES, model, COLD_TEXT], capture_output=True, text=True, cwd=REPO, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the cold-phase probe failed: {done.stderr.strip()[-400:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def plot(path: Path, rows: list[dict], title: str) -> Path:
@@ -328,6 +391,7 @@ def main() -> None:
                 rows.append(row_of(arm, gold, batch_size, peaks, "int8" if arm.name == "int8" else activations, activations))
                 rows[-1]["identical_texts"] = sum(a == b for a, b in zip(arms[0].spans, arm.spans))
     cold = cold_timings(args.model) if args.cold else {}
+    phases_cold = cold_phases(args.model) if args.cold else {}
 
     def find(batch: int, arm: str) -> dict | None:
         return next((r for r in rows if r["batch"] == batch and r["arm"] == arm), None)
@@ -365,11 +429,12 @@ def main() -> None:
           + (f"; int8 weights: F1 {int8_row['f1']:.2f}, {int8_row['identical_texts']} texts the same" if int8_row else ""))
     if cold:
         print("cold process: " + ", ".join(f"{k} {v:.2f} s" for k, v in cold.items()))
+        print("a cold extract, step by step: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases_cold.items()))
     path = write_json(args.json, {"benchmark": "cpu_inference", "model": args.model, "n_sentences": len(texts), "default_dtype": dtype,
                                   "default_threads": threads, **summary, "f1_baseline": f1_baseline, "f1_default": f1_default,
                                   "f1_int8": int8_row["f1"] if int8_row else None,
                                   "identical_texts": find(largest, "default")["identical_texts"],
-                                  "matmul_peak_gflops": peaks, "cold_s": cold, "machine": machine, "results": rows,
+                                  "matmul_peak_gflops": peaks, "cold_s": cold, "cold_phases_s": phases_cold, "machine": machine, "results": rows,
                                   "phases": phase_rows})
     png = plot(path.with_suffix(".png"), rows, f"today's CPU path against the new default: {where}")
     print(f"wrote {path} and {png}")

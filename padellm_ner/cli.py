@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from padellm_ner import one_shot
+
 #: Modules that add sub-commands: each defines ``register(subparsers)``, whose ``add_parser``
 #: takes ``options=``, a function adding the sub-command's options when it is called (:class:`CommandParser`).
 COMMAND_MODULES: list[str] = [
@@ -40,11 +42,13 @@ def _engine(args: argparse.Namespace):
     from ner_service.engine.cpu import configure_threads
 
     configure_threads(args.threads)
-    return NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args),
-                          repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned,
-                          document_consistency=args.document_consistency, restricted_output=not args.whole_output_layer,
-                          past_count_rounds=args.past_count_rounds, past_count_floor=args.past_count_floor,
-                          count_quantile=args.count_quantile)
+    engine = NEREngine.load(args.model, dtype=args.dtype, device=args.device, count_bias=_count_bias(args),
+                            repair_duplicates=args.repair_duplicates, repair_unaligned=args.repair_unaligned,
+                            document_consistency=args.document_consistency, restricted_output=not args.whole_output_layer,
+                            past_count_rounds=args.past_count_rounds, past_count_floor=args.past_count_floor,
+                            count_quantile=args.count_quantile)
+    one_shot.loaded()
+    return engine
 
 
 def _count_bias(args: argparse.Namespace):
@@ -384,10 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     extract = sub.add_parser("extract", help="print the entities of each TEXT (or stdin line) as one JSON line", options=_extract_options)
-    extract.set_defaults(func=cmd_extract)
+    extract.set_defaults(func=cmd_extract, one_shot=True)
 
     evaluate = sub.add_parser("evaluate", help="span micro-F1 and latency on a corpus file", options=_evaluate_options)
-    evaluate.set_defaults(func=cmd_evaluate)
+    evaluate.set_defaults(func=cmd_evaluate, one_shot=True)
 
     calibrate = sub.add_parser("calibrate-counts", help="choose each label's PaDeLLM count bias (or, with --quantile, one count "
                                                         "quantile) on a dev file's choose half, reported on its other half",
@@ -423,11 +427,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_under_jemalloc()
     from ner_service.engine.model_loading import ModelNotFoundError
 
+    started_from_shell = argv is None and getattr(args, "one_shot", False)  # the padellm-ner program, not a call from Python
+    if started_from_shell:
+        one_shot.begin()
     try:
-        return args.func(args)
+        code = args.func(args)
     except (ModelNotFoundError, ValueError) as error:  # an unknown label, decoder or strategy, or bad data, is a ValueError
         print(f"padellm-ner: error: {error}", file=sys.stderr)
-        return 2
+        code = 2
+    if started_from_shell:
+        one_shot.finish(code)
+    return code
 
 
 if __name__ == "__main__":

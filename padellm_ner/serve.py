@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
-import uvicorn
-
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve :func:`padellm_ner.asgi.create_app` (settings from the environment; ``--model`` sets
     ``NER_MODEL``, checked before the server starts). uvicorn neither reads proxy headers (the app
     does, from ``NER_TRUSTED_PROXIES`` only) nor configures logging (the app logs JSON lines); its
     HTTP protocol times out slow clients' headers and bodies (:mod:`padellm_ner.slow_clients`)."""
+    import uvicorn  # here, not at the top: every command builds this parser, only serve runs a server
+
     if args.model:
         from ner_service.engine.ner_model import resolve_ner_model
 

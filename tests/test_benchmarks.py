@@ -318,6 +318,20 @@ def test_cpu_inference_times_todays_path_against_the_new_default_in_one_run(tmp_
     assert all(value > 0 for value in report["matmul_peak_gflops"].values())
 
 
+def test_cpu_inference_times_the_cold_commands_as_started_from_a_shell() -> None:
+    """Every cold command ran to its end (a failed one is NaN): the program and, beside it, the same
+    extract in a process that keeps its whole start and end; and each step of a cold extract."""
+    from benchmarks.cpu_inference import cold_phases, cold_timings
+
+    found = cold_timings("tiny-conll03", repeats=1)
+    assert set(found) == {"help", "ingest_help", "extract_one_sentence", "extract_one_sentence_whole_teardown"}
+    assert all(0 < seconds < 300 for seconds in found.values()), found
+    steps = cold_phases("tiny-conll03")  # a self-contained model: no adapter to merge
+    assert list(steps) == ["import torch", "import transformers' model classes", "import the engine", "tokenizer", "weights",
+                           "the rest of the load", "first sentence"], steps
+    assert all(seconds > 0 for seconds in steps.values()), steps
+
+
 def test_llama_cpp_backend_runs_padellm_on_llama_cpp_beside_the_default_or_says_what_it_needs(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "llama_cpp_backend.json"
     done = _run("llama_cpp_backend.py", "--limit", "2", "--batch-sizes", "1,2", "--weights", "bf16",

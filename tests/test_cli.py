@@ -30,6 +30,33 @@ def test_extract_prints_one_json_line_per_text() -> None:
     assert [json.loads(line)["text"] for line in several.stdout.splitlines()] == texts
 
 
+def test_the_program_leaves_at_once_with_every_line_written_and_its_exit_code() -> None:
+    """``padellm-ner extract`` ends without tearing its process down (:mod:`padellm_ner.one_shot`):
+    what it printed, more than a pipe holds, must all arrive, in order, and the code must be its own."""
+    texts = [f"Text {i} : Peter Blackburn visited Paris ." for i in range(200)]
+    done = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "extract", "--model", "tiny-conll03"], input="\n".join(texts) + "\n",
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.encode()) > 65536 and [json.loads(line)["text"] for line in done.stdout.splitlines()] == texts
+    unknown = run("extract", "--model", "tiny-conll03", "--labels", "NOPE", "x")
+    assert unknown.returncode == 2 and "unknown label(s) 'NOPE'" in unknown.stderr and unknown.stdout == ""
+
+
+def test_a_one_shot_command_collects_no_cycles_while_it_loads_and_collects_after() -> None:
+    script = """
+import gc, json
+from padellm_ner import one_shot
+one_shot.loaded()  # not begun: nothing changes
+before = [gc.isenabled(), gc.get_freeze_count()]
+one_shot.begin()
+during = gc.isenabled()
+one_shot.loaded()
+print(json.dumps({"before": before, "during": during, "after": [gc.isenabled(), gc.get_freeze_count() > 1000]}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert json.loads(done.stdout) == {"before": [True, 0], "during": False, "after": [True, True]}, done.stderr
+
+
 def test_extract_threshold_drops_the_entities_scored_below_it() -> None:
     text = "Peter Blackburn visited Paris ."
     everything = json.loads(run("extract", "--model", "tiny-conll03", text).stdout)["entities"]
