@@ -253,14 +253,14 @@ class NERModel:
 #: How a vocabulary writes a line break inside a token: itself (SentencePiece), byte-level BPE's
 #: mark for byte 0x0A, a byte-fallback token.
 LINE_BREAK_MARKS = ("\n", "\u010a", "<0x0A>")
+LINE_BREAK_MARKED = re.compile("|".join(map(re.escape, LINE_BREAK_MARKS)))
 
 
 def line_break_tokens(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """Every token whose text holds a line break. Only the tokens written with a line-break mark
     and the special ones are decoded, an added one read as written, not the whole vocabulary: for
     Gemma 3's 262,144 tokens a few dozen instead of all (the same set: ``tests/test_cpu_inference.py``)."""
-    marked = re.compile("|".join(map(re.escape, LINE_BREAK_MARKS)))
-    candidates = {index for token, index in tokenizer.get_vocab().items() if marked.search(token)} | set(tokenizer.all_special_ids)
+    candidates = {index for token, index in tokenizer.get_vocab().items() if LINE_BREAK_MARKED.search(token)} | set(tokenizer.all_special_ids)
     ordered = sorted(candidates)
     decoded = {index for index, text in zip(ordered, tokenizer.batch_decode([[index] for index in ordered])) if "\n" in text}
     return frozenset(decoded | {index for text, index in tokenizer.get_added_vocab().items() if "\n" in text})  # an added token decodes as written
