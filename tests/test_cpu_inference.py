@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from dataclasses import replace
@@ -290,6 +291,49 @@ def test_the_line_break_tokens_are_those_of_decoding_every_token(base: str) -> N
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_folder(base))
     every = {index for index, text in enumerate(tokenizer.batch_decode([[index] for index in range(len(tokenizer))])) if "\n" in text}
     assert line_break_tokens(tokenizer) == every and len(every) > 10
+
+
+def test_the_cache_keeps_gemmas_tokenizer_with_its_vocabulary_and_without_its_construction_copies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoTokenizer
+
+    from ner_service.engine.model_loading import CONSTRUCTION_COPIES, cached_tokenizer, resolve_model_folder
+
+    folder = resolve_model_folder("gemma3-270m")
+    monkeypatch.setenv("PADELLM_CACHE", str(tmp_path / "cache"))
+    built = cached_tokenizer(folder, AutoTokenizer.from_pretrained)
+    copies = CONSTRUCTION_COPIES[type(built).__name__]
+    assert all(getattr(built, name) for name in copies)  # the tokenizer in use keeps them
+    [stored] = (tmp_path / "cache" / "tokenizers").glob("*.pickle")
+    with stored.open("rb") as file:
+        kept = pickle.load(file)
+    assert all(getattr(kept.tokenizer, name) is None for name in copies)
+    assert kept.vocabulary == built.get_vocab() and len(kept.vocabulary) == 262_144
+    again = cached_tokenizer(folder, AutoTokenizer.from_pretrained)
+    assert again(TEXTS[0]).input_ids == built(TEXTS[0]).input_ids and again.decode(again(TEXTS[0]).input_ids) == built.decode(built(TEXTS[0]).input_ids)
+    again.save_pretrained(tmp_path / "saved")  # what training does with a loaded tokenizer
+    assert AutoTokenizer.from_pretrained(tmp_path / "saved")(TEXTS[0]).input_ids == built(TEXTS[0]).input_ids
+
+
+def test_a_vocabulary_is_built_once_per_tokenizer_and_again_after_a_token_is_added(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoTokenizer
+
+    from ner_service.engine.model_loading import cached_tokenizer, vocabulary
+    from ner_service.engine.ner_model import resolve_ner_model
+
+    monkeypatch.setenv("PADELLM_CACHE", str(tmp_path / "cache"))
+    folder = resolve_ner_model("tiny-conll03")
+    expected = AutoTokenizer.from_pretrained(folder).get_vocab()
+    cached_tokenizer(folder, AutoTokenizer.from_pretrained)
+    tokenizer = cached_tokenizer(folder, AutoTokenizer.from_pretrained)  # read back with its vocabulary
+    built: list[int] = []
+    get_vocab = type(tokenizer).get_vocab
+    monkeypatch.setattr(type(tokenizer), "get_vocab", lambda self, *a, **k: built.append(1) or get_vocab(self, *a, **k))
+    assert dict(vocabulary(tokenizer)) == expected and dict(vocabulary(tokenizer)) == expected and built == []
+    tokenizer.add_special_tokens({"mask_token": "<mask-for-the-test>"})
+    assert vocabulary(tokenizer)["<mask-for-the-test>"] == tokenizer.mask_token_id and built == [1]
+    fresh = AutoTokenizer.from_pretrained(folder)  # not from the cache: built on the first call only
+    assert dict(vocabulary(fresh)) == expected and dict(vocabulary(fresh)) == expected and built == [1, 1]
 
 
 def test_the_lexical_unit_model_decodes_in_bfloat16_as_greedy_does() -> None:

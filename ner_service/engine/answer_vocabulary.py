@@ -28,6 +28,7 @@ import torch
 from general_decoding.row_vocabulary import RowVocabulary
 from ner_service.engine import prompts
 from ner_service.engine.chunking import Window
+from ner_service.engine.model_loading import vocabulary
 from ner_service.engine.ner_model import NERModel
 from ner_service.engine.span_tries import UNIT
 from ner_service.engine.spans import is_cjk
@@ -64,7 +65,7 @@ class ModelAnswerTokens:
         """Per CJK character, the tokens written in CJK characters only (a leading space mark
         allowed) that hold it, with their characters."""
         index: dict[str, list[tuple[int, frozenset[str]]]] = {}
-        for token, token_id in self.ner_model.tokenizer.get_vocab().items():
+        for token, token_id in vocabulary(self.ner_model.tokenizer).items():
             text = token.lstrip(SPACE_MARKS)
             if text and all(is_cjk(char) for char in text):
                 characters = frozenset(text)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ner_service.engine.count_bias import CountBiasSetting
-from ner_service.engine.model_loading import ModelNotFoundError, load_causal_lm
+from ner_service.engine.model_loading import ModelNotFoundError, load_causal_lm, vocabulary
 from ner_service.engine.shared_bases import SharedBases, own_lora_targets, shared_copy
 
 if TYPE_CHECKING:  # torch is imported by loading, not by reading a model's ner_model.json
@@ -260,7 +260,7 @@ def line_break_tokens(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """Every token whose text holds a line break. Only the tokens written with a line-break mark
     and the special ones are decoded, an added one read as written, not the whole vocabulary: for
     Gemma 3's 262,144 tokens a few dozen instead of all (the same set: ``tests/test_cpu_inference.py``)."""
-    candidates = {index for token, index in tokenizer.get_vocab().items() if LINE_BREAK_MARKED.search(token)} | set(tokenizer.all_special_ids)
+    candidates = {index for token, index in vocabulary(tokenizer).items() if LINE_BREAK_MARKED.search(token)} | set(tokenizer.all_special_ids)
     ordered = sorted(candidates)
     decoded = {index for index, text in zip(ordered, tokenizer.batch_decode([[index] for index in ordered])) if "\n" in text}
     return frozenset(decoded | {index for text, index in tokenizer.get_added_vocab().items() if "\n" in text})  # an added token decodes as written
