@@ -276,3 +276,28 @@ def test_open_eval_chooses_a_count_quantile_on_unseen_labels_and_reports_it_on_o
     assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")).get("count_quantile") == before
     refused = subprocess.run([*command[:-3], "0.6,7", "--choose-quantile"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert refused.returncode == 2 and "probability in (0, 1]" in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.slow
+def test_open_windows_chooses_how_an_open_model_reads_on_texts_it_does_not_report(open_model_folder: Path, data_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    """``python -m training.open_windows``: every setting scored on the choosing texts (zero-shot and
+    supervised), the chosen one reported beside the model's own, and with ``--write`` stored only in
+    the copy's ``ner_model.json``; a bad setting is a clear exit 2."""
+    from training.open_windows import WindowSetting, parse_window_grid
+
+    assert parse_window_grid("160, s48,s48") == [WindowSetting(False, 160), WindowSetting(True, 48)]
+    model = _writable_copy(open_model_folder, tmp_path / "model")
+    before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))
+    command = [sys.executable, "-m", "training.open_windows", str(model), "--data", str(data_dir), "--limit", "1", "--choose-limit", "1",
+               "--supervised-limit", "2", "--windows", "s8,160", "--write"]
+    chosen = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert chosen.returncode == 0, chosen.stderr
+    assert "| windows | zero-shot, choosing texts | conll2003, choosing texts | resume, choosing texts | mean |" in chosen.stdout
+    assert "| s8" in chosen.stdout and "| 160" in chosen.stdout and "| zero-shot |" in chosen.stdout
+    name = chosen.stdout.split("windows: ", 1)[1].splitlines()[0]
+    stored = json.loads((model / "ner_model.json").read_text(encoding="utf-8"))
+    assert name in ("s8", "160") and (stored["sentence_windows"], stored["window_tokens"]) == ((True, 8) if name == "s8" else (False, 160))
+    assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")) == before
+    refused = subprocess.run([*command[:-2], "s48,fortyeight"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert refused.returncode == 2 and "'fortyeight' is no window setting" in refused.stderr and "Traceback" not in refused.stderr

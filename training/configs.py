@@ -108,6 +108,9 @@ class OpenTrainConfig(TrainConfig):
     ar_rate: float = 0.25
     #: Texts longer than this many characters are left out (the engine reads windows of a few sentences).
     max_text_chars: int = 700
+    #: The model reads each sentence as a window of its own (``sentence_windows`` in ``ner_model.json``),
+    #: long ones cut at ``window_tokens``.
+    sentence_windows: bool = False
     #: Minutes of training between snapshots of the trained weights (the points of a quality curve).
     snapshot_minutes: float = 30.0
 

@@ -69,7 +69,8 @@ def open_ner_config(config: OpenTrainConfig, tokenizer) -> NERModelConfig:
     """``ner_model.json`` of an open model: any labels at call time, ``config.labels`` by default."""
     return NERModelConfig(name=config.name, labels=list(config.labels or []), base=SELF_CONTAINED if config.full else config.base,
                           language=config.language, eos_token=tokenizer.eos_token, open_labels=True,
-                          answers_past_count=config.past_count_queries, window_tokens=config.window_tokens)
+                          answers_past_count=config.past_count_queries, sentence_windows=config.sentence_windows,
+                          window_tokens=config.window_tokens)
 
 
 def train_open(config: OpenTrainConfig) -> dict:
