@@ -22,7 +22,7 @@ run: install
 	$(VENV)/bin/padellm-ner extract "$(TEXT)"
 
 test: install
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=15
 
 test-fast: install
 	$(PY) -m pytest -q -ra -m "not slow"

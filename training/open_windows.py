@@ -125,7 +125,8 @@ def choose_open_windows(engine: NEREngine, data: Path, grid: Sequence[WindowSett
                         supervised_limit: int | None = None, batch_size: int = 16) -> WindowChoice:
     """The setting of ``grid`` with the best mean figure on the choosing texts (module docstring),
     reported against the model's own on the rest; ``engine`` is left reading the model's own."""
-    was = WindowSetting(engine.ner_model.config.sentence_windows, engine.max_window_tokens)
+    own_config, own_tokens = engine.ner_model.config, engine.max_window_tokens
+    was = WindowSetting(own_config.sentence_windows, own_tokens)
     sets = _asked_sets(data, limit, choose_limit, supervised_limit)
     tried: dict[WindowSetting, dict[str, float]] = {}
     try:
@@ -133,16 +134,14 @@ def choose_open_windows(engine: NEREngine, data: Path, grid: Sequence[WindowSett
             reading(engine, setting)
             tried[setting] = {s.name: _f1(engine, s, "choosing", batch_size) for s in sets}
         chosen = max(grid, key=lambda s: (WindowChoice.mean(tried[s]), s == was))  # a tie keeps the model's own
-        report = {}
-        for asked in sets:
-            figures = []
-            for setting in (was, chosen):
-                reading(engine, setting)
-                figures.append(_f1(engine, asked, "reporting", batch_size))
-            report[asked.name] = (figures[0], figures[1])
+        reported: dict[WindowSetting, dict[str, float]] = {}
+        for setting in dict.fromkeys([was, chosen]):
+            reading(engine, setting)
+            reported[setting] = {s.name: _f1(engine, s, "reporting", batch_size) for s in sets}
     finally:
-        reading(engine, was)
-    return WindowChoice({s: tried[s] for s in dict.fromkeys([was, *grid])}, chosen, was, report)
+        engine.ner_model.config, engine.max_window_tokens = own_config, own_tokens
+    report = {s.name: (reported[was][s.name], reported[chosen][s.name]) for s in sets}
+    return WindowChoice(tried, chosen, was, report)
 
 
 def main() -> int:
