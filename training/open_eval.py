@@ -15,7 +15,7 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -25,7 +25,7 @@ from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine, NERModel
 from training.count_calibration import QUANTILE_GRID, EntitiesByCounts, best_quantile, count_scores
 from training.evaluate import evaluate_engine
-from training.open_data import SUPERVISED_NAMES, zero_shot_sets
+from training.open_data import SUPERVISED_NAMES, ZeroShotSet, zero_shot_sets
 
 SUPERVISED_DEV = {"conll2003": "conll2003/dev.txt", "resume": "resume/dev.txt"}
 
@@ -55,6 +55,15 @@ def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit
             bar.update(len(examples))
     zero_shot = statistics.fmean(scores[h.corpus]["micro_f1"] for h in held_outs)
     return {"zero_shot_average": round(zero_shot, 2), "scores": scores}
+
+
+def choosing_and_reported(data: Path, limit: int, choose_limit: int) -> list[tuple[ZeroShotSet, ZeroShotSet]]:
+    """Per held-out corpus: the texts a setting is chosen on (the ``choose_limit`` after the first
+    ``limit``) and the first ``limit``, the reported ones, asked as :func:`score_open_model` asks them
+    (a corpus of more names than one request takes is asked those its sample holds)."""
+    reported = {held_out.corpus: held_out for held_out in zero_shot_sets(data / "open", limit)}
+    return [(replace(held_out, examples=held_out.examples[limit:]), reported[held_out.corpus])
+            for held_out in zero_shot_sets(data / "open", limit + choose_limit)]
 
 
 def calibrate_open_model(engine: NEREngine, data: Path, limit: int, batch_size: int = 16):
@@ -126,23 +135,22 @@ def choose_open_quantile(engine: NEREngine, data: Path, limit: int, choose_limit
     those first ``limit`` against the model's own rule (:class:`OpenQuantileChoice`). A text's
     entities follow from its counts, so each quantile runs the engine only on the texts whose
     counts it changes."""
-    sets = zero_shot_sets(data / "open", limit + (limit if choose_limit is None else choose_limit))
-    reported = {held_out.corpus: held_out for held_out in zero_shot_sets(data / "open", limit)}  # as score_open_model asks them
+    pairs = choosing_and_reported(data, limit, limit if choose_limit is None else choose_limit)
     choosing: dict[str, dict[float | None, float]] = {}
     reporting: list[tuple[str, EntitiesByCounts, dict[str, float]]] = []
-    with tqdm(total=len(sets) * (len(grid) + 1), desc="count quantile", unit="try") as bar:
-        for held_out in sets:
+    with tqdm(total=len(pairs) * (len(grid) + 1), desc="count quantile", unit="try") as bar:
+        for pair in pairs:
             parts = []
-            for part in (held_out, reported[held_out.corpus]):
-                examples = part.examples[limit:] if part is held_out else part.examples
-                scores = count_scores(engine, examples, batch_size, progress=False, labels=part.labels)
-                parts.append((EntitiesByCounts(engine, examples, scores, batch_size, part.labels),
+            for part in pair:
+                scores = count_scores(engine, part.examples, batch_size, progress=False, labels=part.labels)
+                parts.append((EntitiesByCounts(engine, part.examples, scores, batch_size, part.labels),
                               {label: engine.count_bias.for_label(label) for label in part.labels}))
-            choosing[held_out.corpus] = {}
+            corpus = pair[0].corpus
+            choosing[corpus] = {}
             for quantile in (engine.count_quantile, *grid):
-                choosing[held_out.corpus][quantile] = float(parts[0][0].f1(parts[0][1], quantile=quantile)["micro_f1"])
+                choosing[corpus][quantile] = float(parts[0][0].f1(parts[0][1], quantile=quantile)["micro_f1"])
                 bar.update(1)
-            reporting.append((held_out.corpus, *parts[1]))
+            reporting.append((corpus, *parts[1]))
     tried = {q: statistics.fmean(f1s[q] for f1s in choosing.values()) for q in grid}
     chosen = best_quantile(tried)
     choose_before = statistics.fmean(f1s[engine.count_quantile] for f1s in choosing.values())
@@ -234,17 +242,20 @@ def main() -> int:
     return 0
 
 
-def _chosen(model: str, engine: NEREngine, field: str, setting: object, write: bool) -> int:
-    """Print a chosen setting and, with ``write``, store it in the model's ``ner_model.json``."""
-    from dataclasses import replace
-
+def write_settings(model: str, engine: NEREngine, **settings: object) -> None:
+    """Store chosen ``settings`` in the model's ``ner_model.json`` (its config as ``engine`` read it, with them)."""
     from ner_service.engine.ner_model import resolve_ner_model
 
+    folder = resolve_ner_model(model)
+    replace(engine.ner_model.config, **settings).write(folder)
+    print(f"written to {folder / 'ner_model.json'}")
+
+
+def _chosen(model: str, engine: NEREngine, field: str, setting: object, write: bool) -> int:
+    """Print a chosen setting and, with ``write``, store it in the model's ``ner_model.json``."""
     print(f"{field}: {json.dumps(setting)}")
     if write:
-        folder = resolve_ner_model(model)
-        replace(engine.ner_model.config, **{field: setting}).write(folder)
-        print(f"written to {folder / 'ner_model.json'}")
+        write_settings(model, engine, **{field: setting})
     return 0
 
 

@@ -24,8 +24,8 @@ from corpora import Example
 from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine
 from training.evaluate import evaluate_engine
-from training.open_data import SUPERVISED_NAMES, zero_shot_sets
-from training.open_eval import SUPERVISED_DEV, named
+from training.open_data import SUPERVISED_NAMES
+from training.open_eval import SUPERVISED_DEV, choosing_and_reported, named, write_settings
 
 #: The settings tried unless told: whole texts of up to 160 tokens, sentences in windows of up to 64, 48, 40.
 WINDOW_GRID = "160,s64,s48,s40"
@@ -95,10 +95,8 @@ class _AskedSet:
 
 
 def _asked_sets(data: Path, limit: int, choose_limit: int, supervised_limit: int | None) -> list[_AskedSet]:
-    reported = {h.corpus: h for h in zero_shot_sets(data / "open", limit)}  # asked as score_open_model asks them
-    zero_shot = _AskedSet(ZERO_SHOT, [(h.examples[limit:], h.labels) for h in zero_shot_sets(data / "open", limit + choose_limit)],
-                          [(h.examples, h.labels) for h in reported.values()])
-    sets = [zero_shot]
+    pairs = choosing_and_reported(data, limit, choose_limit)
+    sets = [_AskedSet(ZERO_SHOT, [(c.examples, c.labels) for c, _ in pairs], [(r.examples, r.labels) for _, r in pairs])]
     for corpus, relative in SUPERVISED_DEV.items():
         halves, names = dev_halves(data / relative), SUPERVISED_NAMES[corpus]
         labels = sorted(set(names.values()))
@@ -160,17 +158,12 @@ def main() -> int:
         grid = parse_window_grid(args.windows)
     except ValueError as error:
         parser.error(f"--windows: {error}")
-    from ner_service.engine.ner_model import resolve_ner_model
-
     engine = NEREngine.load(args.model, dtype="auto")
     choice = choose_open_windows(engine, Path(args.data), grid, args.limit, args.choose_limit, args.supervised_limit)
     print(choice.table())
     print(f"windows: {choice.chosen.name}")
     if args.write:
-        folder = resolve_ner_model(args.model)
-        replace(engine.ner_model.config, sentence_windows=choice.chosen.sentence_windows,
-                window_tokens=choice.chosen.window_tokens).write(folder)
-        print(f"written to {folder / 'ner_model.json'}")
+        write_settings(args.model, engine, sentence_windows=choice.chosen.sentence_windows, window_tokens=choice.chosen.window_tokens)
     return 0
 
 
