@@ -3,9 +3,10 @@
 Arms (the same model, the same texts, interleaved batch by batch so that machine noise hits them
 alike; each warmed up on its first batch, untimed):
 
-* ``baseline``: the path before issue 78: float32 weights, PaDeLLM's answers over the whole
-  output layer (262,144 rows for Gemma 3), torch's default threads;
-* ``default``: the engine's default now: ``dtype auto`` (bfloat16 on a CPU with AVX512_BF16 or
+* ``baseline``: the path before issue 78: transformers' model class, float32 weights, PaDeLLM's
+  answers over the whole output layer (262,144 rows for Gemma 3), torch's default threads;
+* ``default``: the engine's default now: Gemma 3 in the package's own class
+  (``ner_service/engine/gemma3_model.py``), ``dtype auto`` (bfloat16 on a CPU with AVX512_BF16 or
   AMX, else float32), count and mention logits over the tokens their answers may take only
   (``ner_service/engine/answer_vocabulary.py``), threads from the CPU quota (``engine/cpu.py``);
 * ``int8`` (``--no-int8`` leaves it out): the default with int8 weights in the decoder stack's
@@ -26,7 +27,9 @@ the decoder stack, two per output row computed per position) against the machine
 (a 2048 x 2048 ``torch.matmul`` in float32 and in bfloat16, at each arm's threads). With
 ``--cold`` (default on) it also times commands from a cold process: ``padellm-ner --help``,
 ``padellm-ner ingest --help`` and ``padellm-ner extract`` of one sentence (the median of three),
-and that ``extract`` in a process that collects cycles while it loads and is torn down at its end;
+that ``extract`` in a process that collects cycles while it loads and is torn down at its end,
+and the same load and sentence with the model merged at every start (``PADELLM_MERGED_CACHE=0``)
+and with transformers' model class (the path before :mod:`ner_service.engine.gemma3_model`);
 then each step of a cold ``extract`` (imports, tokenizer, weights, adapter merge, first sentence).
 
 The JSON holds ``speedup_batch16`` (texts/s of the default over the baseline at batch 16),
@@ -244,6 +247,18 @@ def row_of(arm: Arm, gold: list[list[tuple[int, int, str]]], batch_size: int, pe
 #: ``padellm-ner`` called from Python rather than started as the program: a process that collects
 #: cycles while it loads and is torn down at its end (:mod:`padellm_ner.one_shot`), as before.
 CALLED_FROM_PYTHON = "import sys; from padellm_ner.cli import main; sys.exit(main(sys.argv[1:]))"
+#: ``extract`` as the program runs it (:mod:`padellm_ner.one_shot`), the model loaded with
+#: transformers' class (``native`` False): what the path was before the package's own class.
+WITH_TRANSFORMERS_CLASSES = """
+import sys
+from padellm_ner import one_shot
+one_shot.begin()
+from ner_service.engine import NEREngine
+engine = NEREngine.load(sys.argv[1], dtype="auto", native=False)
+one_shot.loaded()
+print(engine.extract([sys.argv[2]])[0].entities)
+one_shot.finish(0)
+"""
 
 
 def cold_timings(model: str, repeats: int = 3) -> dict[str, float]:
@@ -253,13 +268,18 @@ def cold_timings(model: str, repeats: int = 3) -> dict[str, float]:
     extract = ["extract", "--model", model, COLD_TEXT]
     runs = {"help": [command, "--help"], "ingest_help": [command, "ingest", "--help"],
             "extract_one_sentence": [command, *extract],
-            "extract_one_sentence_whole_teardown": [sys.executable, "-c", CALLED_FROM_PYTHON, *extract]}
+            "extract_one_sentence_whole_teardown": [sys.executable, "-c", CALLED_FROM_PYTHON, *extract],
+            "extract_one_sentence_merged_at_start": [command, *extract],
+            "extract_one_sentence_transformers_classes": [sys.executable, "-c", WITH_TRANSFORMERS_CLASSES, model, COLD_TEXT]}
+    merged_at_start = {**os.environ, "PADELLM_MERGED_CACHE": "0"}
+    subprocess.run([command, *extract], capture_output=True, cwd=REPO, timeout=600)  # the first start keeps the merge
     found = {}
     for name, args in runs.items():
         seconds = []
         for _ in range(repeats):
             began = time.perf_counter()
-            done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600)
+            done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600,
+                                  env=merged_at_start if name == "extract_one_sentence_merged_at_start" else None)
             seconds.append(time.perf_counter() - began if done.returncode == 0 else float("nan"))
         found[name] = statistics.median(seconds)
     return found
@@ -279,9 +299,9 @@ def lap(name):
     spent[name], last = now - last, now
 import torch
 lap("import torch")
-from transformers import AutoModelForCausalLM, PreTrainedModel
-lap("import transformers' model classes")
-from ner_service.engine import NEREngine, lora_merge, model_loading
+import transformers
+lap("import transformers")
+from ner_service.engine import NEREngine, lora_merge, model_loading, ner_model
 from ner_service.engine.strategies import strategy_class
 strategy_class("padellm")
 lap("import the engine")
@@ -295,11 +315,12 @@ def timed(owner, attribute, name):
             spent[name] = spent.get(name, 0.0) + time.perf_counter() - began
     setattr(owner, attribute, wrapper)
 timed(model_loading, "cached_tokenizer", "tokenizer")
-timed(AutoModelForCausalLM, "from_pretrained", "weights")
+timed(ner_model, "load_causal_lm", "weights")  # its tokenizer taken out below
 timed(lora_merge, "merge_lora", "adapter merge")
 engine = NEREngine.load(sys.argv[1], dtype="auto")
 one_shot.loaded()
 lap("load")
+spent["weights"] -= spent["tokenizer"]
 spent["the rest of the load"] = spent.pop("load") - sum(spent.get(k, 0.0) for k in ("tokenizer", "weights", "adapter merge"))
 engine.extract([sys.argv[2]])
 lap("first sentence")
@@ -360,7 +381,7 @@ def main() -> None:
     torch_default_threads = torch.get_num_threads()
     threads = args.threads or inference_threads()
     dtype = inference_dtype("auto")
-    baseline = NEREngine.load(args.model, dtype=torch.float32, restricted_output=False)
+    baseline = NEREngine.load(args.model, dtype=torch.float32, restricted_output=False, native=False)
     default = NEREngine.load(args.model, dtype=dtype, restricted_output=True)
     engines = {"baseline": baseline, "default": default}
     if args.int8:

@@ -5,12 +5,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import Cache, PreTrainedModel
+from transformers.cache_utils import Cache
 
 from general_decoding.constraints import TokenConstraint
 from general_decoding.row_vocabulary import RowVocabulary
+
+if TYPE_CHECKING:  # for types only: the engine may run its own model class (no import of transformers' model classes)
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import Cache, PreTrainedModel
+from transformers.cache_utils import Cache
 
 from general_decoding.base import DecodeInputs, Decoder, Generation, StopCriteria, position_ids_from_mask
 from general_decoding.constraints import TokenConstraint, admissible_draft, choose
 from general_decoding.kv_cache import ReservedCache, keep_first, keep_rows
 from general_decoding.row_vocabulary import next_logprobs
+
+if TYPE_CHECKING:  # for types only: the engine may run its own model class (no import of transformers' model classes)
+    from transformers import PreTrainedModel
 
 
 @dataclass

@@ -40,14 +40,21 @@ def tanh_gelu_classes() -> tuple[type, ...]:
     return tuple({getattr(activations, name) for name in ("GELUTanh", "PytorchGELUTanh") if hasattr(activations, name)})
 
 
+def is_tanh_gelu(module: nn.Module) -> bool:
+    """Whether ``module`` computes ``gelu(x, approximate="tanh")``: torch's ``nn.GELU("tanh")`` or a
+    Hugging Face activation (:func:`tanh_gelu_classes`, asked only of modules torch does not define)."""
+    if isinstance(module, nn.GELU):
+        return module.approximate == "tanh"
+    return type(module).__module__.startswith("transformers.") and isinstance(module, tanh_gelu_classes())
+
+
 def use_exact_gelu(model: nn.Module, enabled: bool = True) -> int:
     """Wrap every tanh-approximated GELU module of ``model`` in :class:`ExactGELUForHalf` in place
     (or unwrap them, with ``enabled=False``); returns how many were changed. No weights change."""
-    targets = tanh_gelu_classes()
     changed = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if enabled and isinstance(child, targets):
+            if enabled and is_tanh_gelu(child):
                 setattr(parent, name, ExactGELUForHalf(child))
             elif not enabled and isinstance(child, ExactGELUForHalf):
                 setattr(parent, name, child.tanh_gelu)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedModel
 
 from general_decoding.base import DecodeInputs, Decoder, Generation, position_ids_from_mask
 from general_decoding.constraints import choose
 from general_decoding.kv_cache import ReservedCache, keep_rows
 from general_decoding.registry import register_decoder
 from general_decoding.row_vocabulary import next_logprobs
+
+if TYPE_CHECKING:  # for types only: the engine may run its own model class (no import of transformers' model classes)
+    from transformers import PreTrainedModel
 
 
 @register_decoder("greedy")

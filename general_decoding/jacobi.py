@@ -11,10 +11,13 @@ bounds how many guesses a forward holds; while they keep failing, the steps are 
 
 from __future__ import annotations
 
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING
 
 from general_decoding.draft_verify import Drafter, DraftVerifyDecoder, RowState
 from general_decoding.registry import register_decoder
+
+if TYPE_CHECKING:  # for types only: the engine may run its own model class (no import of transformers' model classes)
+    from transformers import PreTrainedModel
 
 
 class JacobiDrafter(Drafter):

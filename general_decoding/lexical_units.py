@@ -18,14 +18,17 @@ without it computes, so the greedy token of each forward is the original model's
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from general_decoding.base import DecodeInputs, Decoder, Generation, position_ids_from_mask
 from general_decoding.draft_verify import Drafter, DraftVerifyDecoder, RowState, prefill
 from general_decoding.kv_cache import ReservedCache, keep_first
 from general_decoding.registry import register_decoder
+
+if TYPE_CHECKING:  # for types only: the engine may run its own model class (no import of transformers' model classes)
+    from transformers import PreTrainedModel
 
 #: Attribute of ``model.config`` holding the placeholder token id of a LUD-trained model.
 PLACEHOLDER_ATTRIBUTE = "lud_placeholder_id"

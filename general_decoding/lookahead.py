@@ -12,13 +12,18 @@ mean), a step feeds the last token alone, a greedy step, with a full step every 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicCache
 
 from general_decoding.base import DecodeInputs, Decoder, Generation
 from general_decoding.draft_verify import DraftLength, prefill
 from general_decoding.kv_cache import keep_columns
 from general_decoding.registry import register_decoder
+
+if TYPE_CHECKING:  # for types only: the engine may run its own model class (no import of transformers' model classes)
+    from transformers import PreTrainedModel
 
 
 @register_decoder("lookahead")

@@ -17,13 +17,18 @@ decoding of each row on its own.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import Cache, DynamicCache, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
 
 from general_decoding.base import DecodeInputs, Decoder, Generation
 from general_decoding.registry import register_decoder
 from general_decoding.row_vocabulary import RowVocabulary, output_softcap
 from general_decoding.tree_attention import ancestor_mask, build_trie, join_tries
+
+if TYPE_CHECKING:  # for types only: the engine may run its own model class (no import of transformers' model classes)
+    from transformers import PreTrainedModel
 
 
 class _SharedSequence:

@@ -6,13 +6,17 @@ model verifies them in one forward and keeps the agreeing prefix plus its own ne
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedModel
 
 from general_decoding.base import StopCriteria
 from general_decoding.draft_verify import Drafter, DraftVerifyDecoder, RowState
 from general_decoding.greedy import GreedyDecoder
 from general_decoding.registry import register_decoder
+
+if TYPE_CHECKING:  # for types only: the engine may run its own model class (no import of transformers' model classes)
+    from transformers import PreTrainedModel
 
 
 class ModelDrafter(Drafter):

@@ -30,14 +30,18 @@ bidirectional, and the prompt's keys and values never change, so they are comput
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicCache
 
 from general_decoding.base import left_pad
 from general_decoding.diffusion.layout import bidirectional_mask, block_bounds, causal_prompt_mask
 from general_decoding.diffusion.unmasking import FixedStepsUnmasking, LeftToRightUnmasking, ThresholdUnmasking, Unmasking
 from general_decoding.kv_cache import keep_columns, keep_first, keep_rows
+
+if TYPE_CHECKING:  # for types only: the engine may run its own model class (no import of transformers' model classes)
+    from transformers import PreTrainedModel
 
 CACHE_MODES = ("none", "prefix", "dual")
 

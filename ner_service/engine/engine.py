@@ -81,11 +81,12 @@ class NEREngine:
 
     @classmethod
     def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | str = torch.float32, device: str = "cpu",
-             **options: Any) -> "NEREngine":
+             native: bool = True, **options: Any) -> "NEREngine":
         """Load a shipped model by name (or a model folder) and wrap it in an engine; ``dtype``
         ``"auto"`` is bfloat16 where the CPU has bfloat16 instructions, else float32 (:mod:`.cpu`;
-        the default of the service's entry points)."""
-        return cls(NERModel.load(name_or_path, dtype=torch_dtype(dtype, device), device=device), **options)
+        the default of the service's entry points); ``native=False`` keeps transformers' model
+        class where this package has its own (:meth:`NERModel.load`)."""
+        return cls(NERModel.load(name_or_path, dtype=torch_dtype(dtype, device), device=device, native=native), **options)
 
     @property
     def labels(self) -> list[str]:

@@ -202,20 +202,37 @@ def cached_tokenizer(folder: Path, load):
 
 
 def load_causal_lm(
-    spec: str | Path, dtype: torch.dtype | None = None, device: str = "cpu"
+    spec: str | Path, dtype: torch.dtype | None = None, device: str = "cpu", native: bool = False, weights: Path | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load model and tokenizer for ``spec`` in evaluation mode (``dtype`` None: float32), its
     linear layers fast for decoding on the CPU (:mod:`general_decoding.skinny_linear`) and its
-    tanh-approximated GELU exact in bfloat16 (:mod:`general_decoding.exact_gelu`)."""
+    tanh-approximated GELU exact in bfloat16 (:mod:`general_decoding.exact_gelu`). With ``native``,
+    a Gemma 3 text checkpoint loads as this package's own inference class
+    (:mod:`.gemma3_model`: no import of transformers' model classes, no training), its weights
+    read from ``weights`` where given (:mod:`.merged_weights`); anything else loads as
+    transformers' class."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from general_decoding.exact_gelu import use_exact_gelu
     from general_decoding.skinny_linear import use_skinny_linear
+    from ner_service.engine import gemma3_model
 
     folder = resolve_model_folder(spec)
-    tokenizer = cached_tokenizer(folder, AutoTokenizer.from_pretrained)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).to(device).eval()
+    tokenizer = cached_tokenizer(folder, _auto_tokenizer)
+    if native and gemma3_model.supported(folder):
+        model = gemma3_model.Gemma3ForCausalLM.from_folder(folder, dtype or torch.float32, weights).to(device)
+    elif weights is not None:
+        raise ValueError(f"weights of their own are read for a Gemma 3 checkpoint loaded natively, not for {folder}")
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).to(device).eval()
     use_skinny_linear(model)
     use_exact_gelu(model)
     return model, tokenizer
+
+
+def _auto_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)

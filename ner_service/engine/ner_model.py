@@ -164,29 +164,45 @@ class NERModel:
 
     @classmethod
     def load(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | None = None, device: str = "cpu",
-             bases: SharedBases | None = None) -> "NERModel":
+             bases: SharedBases | None = None, native: bool = False) -> "NERModel":
         """Load by shipped name or folder (``dtype`` None: float32); a LoRA adapter is merged into its
         base for speed, except a lexical-unit one (:mod:`general_decoding.lexical_units`): the
         folder's adapter when the model stands on another NER model, :data:`PLACEHOLDER_ADAPTER`
         when it stands on a public base (its own adapter, merged, the rest of the change). With
         ``bases`` (of this dtype and device), the base comes from there and the model shares the
-        weights its adapter leaves as they are (:mod:`.shared_bases`)."""
+        weights its adapter leaves as they are (:mod:`.shared_bases`). ``native``: for inference, a
+        model merged from its files on a Gemma 3 base loads as this package's own class
+        (:mod:`.gemma3_model`), read back merged from the cache where it was kept
+        (:mod:`.merged_weights`); one that keeps a peft adapter, and ``bases`` loaded without
+        ``native``, stay transformers' classes."""
         folder = resolve_ner_model(name_or_path)
         config = NERModelConfig.read(folder)
         if config.base == SELF_CONTAINED:
-            model, tokenizer = load_causal_lm(folder, dtype=dtype, device=device)
+            model, tokenizer = load_causal_lm(folder, dtype=dtype, device=device, native=native)
         else:
             import copy
 
+            from ner_service.engine.gemma3_model import Gemma3ForCausalLM
             from ner_service.engine.lora_merge import merge_lora, mergeable
 
-            if bases is None:
-                base, tokenizer = load_base(config.base, dtype, device)
+            merged = config.lud_placeholder is None and mergeable(folder)  # the usual case: merged from the adapter's files
+            shared = bases.get(config.base) if bases is not None else None
+            kept = None
+            if shared is not None and (merged or not isinstance(shared[0], Gemma3ForCausalLM)):  # peft wraps transformers' classes only
+                base, tokenizer = shared_copy(shared[0]), copy.deepcopy(shared[1])
             else:
-                shared, shared_tokenizer = bases.get(config.base)
-                base, tokenizer = shared_copy(shared), copy.deepcopy(shared_tokenizer)
-            if config.lud_placeholder is None and mergeable(folder):  # the usual case: merged from the adapter's files
+                kept = _kept_merge(config.base, folder, dtype) if native and merged and bases is None else None
+                read_back = _read_kept_merge(kept, config.base, dtype, device) if kept is not None else None
+                if read_back is not None:
+                    return cls._finished(*read_back, config, folder)
+                base, tokenizer = load_base(config.base, dtype, device, native=native and merged)
+                shared = None
+            if merged:
                 merge_lora(base, folder)
+                if kept is not None:
+                    from ner_service.engine.merged_weights import keep
+
+                    keep(base, kept)
                 return cls._finished(base.eval(), tokenizer, config, folder)
             import warnings
 
@@ -198,7 +214,7 @@ class NERModel:
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
                 adapted = PeftModel.from_pretrained(base, folder)
                 if config.lud_placeholder is None or (folder / PLACEHOLDER_ADAPTER).is_dir():  # else: the placeholder adapter itself
-                    if bases is not None:
+                    if shared is not None:
                         own_lora_targets(adapted)  # the merge writes into these: the shared base keeps its own
                     adapted = adapted.merge_and_unload()
                     if config.lud_placeholder is not None:
@@ -267,15 +283,52 @@ def line_break_tokens(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
 
 
 def load_base(base: str | Path, dtype: torch.dtype | None = None, device: str = "cpu",
-              bases: SharedBases | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+              bases: SharedBases | None = None, native: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """What an adapter is stacked on (and what training starts from): a causal LM, or another NER
-    model, its own adapter merged (``dtype`` None: float32; its own base from ``bases``)."""
+    model, its own adapter merged (``dtype`` None: float32; its own base from ``bases``; ``native``:
+    as :meth:`NERModel.load`)."""
     try:
         stacked = resolve_ner_model(base)
     except ModelNotFoundError:
-        return load_causal_lm(base, dtype=dtype, device=device)
-    inner = NERModel.load(stacked, dtype=dtype, device=device, bases=bases)
+        return load_causal_lm(base, dtype=dtype, device=device, native=native)
+    inner = NERModel.load(stacked, dtype=dtype, device=device, bases=bases, native=native)
     return inner.model, inner.tokenizer
+
+
+def _kept_merge(base: str, folder: Path, dtype: torch.dtype | None) -> Path | None:
+    """Where the merge of ``folder``'s adapter into ``base`` is kept (:mod:`.merged_weights`): for
+    a public Gemma 3 base loaded natively; None for anything else, or with the cache off."""
+    from ner_service.engine import gemma3_model, merged_weights
+    from ner_service.engine.model_loading import resolve_model_folder
+
+    if not merged_weights.enabled():
+        return None
+    try:
+        resolve_ner_model(base)
+        return None  # stacked on another NER model: its merge is that model's
+    except ModelNotFoundError:
+        pass
+    base_folder = resolve_model_folder(base)
+    if not gemma3_model.supported(base_folder):
+        return None
+    import torch
+
+    return merged_weights.kept_path(folder, base_folder, dtype or torch.float32)
+
+
+def _read_kept_merge(kept: Path, base: str, dtype: torch.dtype | None, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase] | None:
+    """The model and tokenizer of ``base`` with the merged weights kept in ``kept``; None where
+    none are kept, or they cannot be read (removed meanwhile by another process): merge again."""
+    from ner_service.engine.merged_weights import mark_used
+
+    if not kept.is_file():
+        return None
+    mark_used(kept)
+    try:
+        return load_causal_lm(base, dtype=dtype, device=device, native=True, weights=kept)
+    except Exception:  # noqa: BLE001 - whatever the reason, the merge from the adapter's files is the way back
+        log.warning("the kept merge %s could not be read; merging again", kept, exc_info=True)
+        return None
 
 
 def base_chain(name_or_path: str | Path) -> list[str]:

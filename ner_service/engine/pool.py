@@ -71,7 +71,7 @@ class EnginePool:
         self._models: OrderedDict[str, NERModel] = OrderedDict()  # least recently used first
         self._engines: dict[tuple[str, int], NEREngine] = {}
         self._costs: dict[str, int] = {}  # the bytes each model added when it loaded
-        self._bases = SharedBases(lambda base: load_base(base, getattr(torch, self.dtype), self.device, self._bases))
+        self._bases = SharedBases(lambda base: load_base(base, getattr(torch, self.dtype), self.device, self._bases, native=True))
         self._lock = threading.RLock()  # the dictionaries: held for lookups only
         self._loading = threading.Lock()  # one load at a time, beside calls on loaded models
 
@@ -149,7 +149,7 @@ class EnginePool:
         before = self.resident_bytes()
         log.info("loading model %s", name)
         try:
-            model = NERModel.load(name, dtype=getattr(torch, self.dtype), device=self.device, bases=self._bases)
+            model = NERModel.load(name, dtype=getattr(torch, self.dtype), device=self.device, bases=self._bases, native=True)
         except Exception as error:
             self._forget_unused_bases()
             raise ModelLoadError(f"model {name!r} could not be loaded: {error}") from error
