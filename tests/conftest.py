@@ -20,6 +20,9 @@ os.environ["PIPELINE_CHUNK_SIZE"] = "4"
 # instructions); the tests compare them with engines loaded in float32, so they run in float32
 # (tests/test_cpu_inference.py runs the auto path itself).
 os.environ.setdefault("NER_DTYPE", "float32")
+# Models the tests load keep no merged weights in the cache (a GB each in float32, for models
+# trained into temporary folders too); tests/test_gemma3_model.py turns it on where it tests it.
+os.environ.setdefault("PADELLM_MERGED_CACHE", "0")
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PADELLM_DATA", REPO.parent / "shared" / "data"))
