@@ -16,7 +16,7 @@ import torch
 
 from general_decoding.kv_cache import ReservedCache
 from ner_service.engine import NEREngine, gemma3_model
-from ner_service.engine.model_loading import GEMMA3, SMOLLM2, ModelNotFoundError, load_causal_lm, resolve_model_folder
+from ner_service.engine.model_loading import GEMMA3, SMOLLM2, ModelNotFoundError, cache_root, load_causal_lm, resolve_model_folder
 
 REPO = Path(__file__).resolve().parent.parent
 TEXTS = ["Peter Blackburn met John Smith in BRUSSELS .", "EU rejects German call to boycott British lamb .",
@@ -142,14 +142,13 @@ def test_a_merge_is_kept_once_and_read_back_with_the_same_weights(tmp_path: Path
 
     if not (REPO / "ner_service" / "shipped_models" / "en-conll03" / "ner_model.json").is_file():
         pytest.skip("the shipped en-conll03 model is not in this checkout")
+    shared_cache = cache_root()
     monkeypatch.setenv("PADELLM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(merged_weights.SWITCH, "1")  # the suite runs with it off (tests/conftest.py)
-    for converted in (Path.home() / ".cache" / "padellm-ner" / "converted").glob("*"):  # the converted base, not converted again
-        (tmp_path / "cache" / "converted").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "cache" / "converted" / converted.name).symlink_to(converted)
-    (tmp_path / "cache" / "gguf").mkdir(exist_ok=True)
-    for assembled in (Path.home() / ".cache" / "padellm-ner" / "gguf").glob("*"):
-        (tmp_path / "cache" / "gguf" / assembled.name).symlink_to(assembled)
+    for part in ("converted", "gguf", "tokenizers"):  # the base as converted before, not converted again
+        (tmp_path / "cache" / part).mkdir(parents=True, exist_ok=True)
+        for found in (shared_cache / part).glob("*"):
+            (tmp_path / "cache" / part / found.name).symlink_to(found)
     first = NEREngine.load("en-conll03", dtype=torch.bfloat16)
     [kept] = (tmp_path / "cache" / "merged").glob("*.safetensors")
     with monkeypatch.context() as patched:
