@@ -266,20 +266,19 @@ def cold_timings(model: str, repeats: int = 3) -> dict[str, float]:
     ``padellm-ner``), and of ``extract`` in a process that keeps the whole start and end."""
     command = str(Path(sys.executable).with_name("padellm-ner"))
     extract = ["extract", "--model", model, COLD_TEXT]
-    runs = {"help": [command, "--help"], "ingest_help": [command, "ingest", "--help"],
-            "extract_one_sentence": [command, *extract],
-            "extract_one_sentence_whole_teardown": [sys.executable, "-c", CALLED_FROM_PYTHON, *extract],
-            "extract_one_sentence_merged_at_start": [command, *extract],
-            "extract_one_sentence_transformers_classes": [sys.executable, "-c", WITH_TRANSFORMERS_CLASSES, model, COLD_TEXT]}
     merged_at_start = {**os.environ, "PADELLM_MERGED_CACHE": "0"}
+    runs = {"help": ([command, "--help"], None), "ingest_help": ([command, "ingest", "--help"], None),
+            "extract_one_sentence": ([command, *extract], None),
+            "extract_one_sentence_whole_teardown": ([sys.executable, "-c", CALLED_FROM_PYTHON, *extract], None),
+            "extract_one_sentence_merged_at_start": ([command, *extract], merged_at_start),
+            "extract_one_sentence_transformers_classes": ([sys.executable, "-c", WITH_TRANSFORMERS_CLASSES, model, COLD_TEXT], None)}
     subprocess.run([command, *extract], capture_output=True, cwd=REPO, timeout=600)  # the first start keeps the merge
     found = {}
-    for name, args in runs.items():
+    for name, (args, env) in runs.items():
         seconds = []
         for _ in range(repeats):
             began = time.perf_counter()
-            done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600,
-                                  env=merged_at_start if name == "extract_one_sentence_merged_at_start" else None)
+            done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
             seconds.append(time.perf_counter() - began if done.returncode == 0 else float("nan"))
         found[name] = statistics.median(seconds)
     return found

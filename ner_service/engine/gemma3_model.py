@@ -89,22 +89,12 @@ def supported(folder: Path) -> bool:
 
 
 @dataclass
-class DecoderOutput:
-    """What the text model returns (as transformers' ``BaseModelOutputWithPast``)."""
+class ModelOutput:
+    """What a forward returns, under transformers' names: the text model's ``last_hidden_state`` or
+    the causal LM's ``logits``, and the cache (also as ``past_key_values``)."""
 
-    last_hidden_state: torch.Tensor
-    cache: Any = None
-
-    @property
-    def past_key_values(self) -> Any:
-        return self.cache
-
-
-@dataclass
-class CausalLMOutput:
-    """What the causal LM returns (as transformers' ``CausalLMOutputWithPast``)."""
-
-    logits: torch.Tensor
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
     cache: Any = None
 
     @property
@@ -284,7 +274,7 @@ class Gemma3TextModel(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                cache: Any = None, use_cache: bool | None = None, past_key_values: Any = None, **unused: Any) -> DecoderOutput:
+                cache: Any = None, use_cache: bool | None = None, past_key_values: Any = None, **unused: Any) -> ModelOutput:
         cache = cache if cache is not None else past_key_values
         if (self.config.use_cache if use_cache is None else use_cache) and cache is None:  # as transformers: a cache unless told not to
             from transformers.cache_utils import DynamicCache
@@ -304,7 +294,7 @@ class Gemma3TextModel(nn.Module):
         rotations = {kind: self.rotary(position_ids, kind, hidden.dtype) for kind in set(self.config.layer_types)}
         for layer, kind in zip(self.layers, self.config.layer_types):
             hidden = layer(hidden, *rotations[kind], masks[kind], cache)
-        return DecoderOutput(self.norm(hidden), cache)
+        return ModelOutput(last_hidden_state=self.norm(hidden), cache=cache)
 
 
 class Gemma3ForCausalLM(nn.Module):
@@ -369,18 +359,15 @@ class Gemma3ForCausalLM(nn.Module):
     def set_output_embeddings(self, module: nn.Module) -> None:
         self.lm_head = module
 
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
-
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 cache: Any = None, use_cache: bool | None = None, past_key_values: Any = None,
-                logits_to_keep: int | torch.Tensor = 0, **unused: Any) -> CausalLMOutput:
+                logits_to_keep: int | torch.Tensor = 0, **unused: Any) -> ModelOutput:
         out = self.model(input_ids, attention_mask, position_ids, cache=cache, use_cache=use_cache, past_key_values=past_key_values)
         hidden = out.last_hidden_state
         if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.ndim == 2:
             hidden = hidden[logits_to_keep] if logits_to_keep.dtype == torch.bool else torch.take_along_dim(hidden, logits_to_keep[..., None], dim=1)
         else:
             hidden = hidden[:, slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep, :]
-        return CausalLMOutput(self.lm_head(hidden), out.cache)
+        return ModelOutput(logits=self.lm_head(hidden), cache=out.cache)
 
 
