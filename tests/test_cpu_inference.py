@@ -350,7 +350,7 @@ def test_the_lexical_unit_model_decodes_in_bfloat16_as_greedy_does() -> None:
         assert sum(map(len, lud)) >= 3
 
 
-def test_a_tokenizer_is_read_back_from_the_cache_until_its_files_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tokenizer_is_read_back_from_the_cache_until_its_files_change_wherever_they_lie(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
     from transformers import AutoTokenizer
@@ -369,8 +369,15 @@ def test_a_tokenizer_is_read_back_from_the_cache_until_its_files_change(tmp_path
 
     again = cached_tokenizer(folder, never)
     assert again is not built and again(TEXTS[0]).input_ids == built(TEXTS[0]).input_ids and again.get_vocab() == built.get_vocab()
+    saved_beside = tmp_path / "stage-2"  # the same files saved beside another model (each stage of a recipe): not built again
+    shutil.copytree(folder, saved_beside)
+    assert cached_tokenizer(saved_beside, never).name_or_path == str(saved_beside)
     config = folder / "tokenizer_config.json"
-    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))  # touched, the same content
+    assert cached_tokenizer(folder, never).name_or_path == str(folder)
+    config.write_text(json.dumps({**json.loads(config.read_text(encoding="utf-8")), "model_max_length": 77}), encoding="utf-8")
     calls: list[Path] = []
-    cached_tokenizer(folder, lambda f: calls.append(f) or AutoTokenizer.from_pretrained(f))
-    assert calls == [folder]
+    changed = cached_tokenizer(folder, lambda f: calls.append(f) or AutoTokenizer.from_pretrained(f))
+    assert calls == [folder] and changed.model_max_length == 77
+    assert cached_tokenizer(saved_beside, never).model_max_length != 77
+    assert len(list((tmp_path / "cache" / "tokenizers").glob("*.pickle"))) == 2

@@ -138,7 +138,8 @@ def test_behind_a_cached_prefix_equals_greedy(tiny_engine, name: str) -> None:
 def test_shipped_model_decoders_equal_greedy(en_engine, name: str) -> None:
     model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
     stop = StopCriteria(48, frozenset({tokenizer.eos_token_id}))
-    for row in _queries(tokenizer)[:8]:
+    rows = _queries(tokenizer)[:3 if name == "speculative" else 8]  # a draft model as large as the model: each row costs twice
+    for row in rows:
         expected = _run(get_decoder("greedy"), model, [row], stop, 0)
         got = _run(_decoder(name, model), model, [row], stop, 0)
         assert got.tokens == expected.tokens

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from ner_service.engine import NEREngine
 from ner_service.engine.ner_model import load_base
 from training.configs import LowRankConfig
-from training.low_rank import LayerChange, changed_norms, choose_ranks, store_low_rank
+from training.low_rank import LayerChange, changed_norms, choose_ranks, store_low_rank, thin_svd
 from training.trainer import AdapterShape, TrainConfig, train
 from tests.entity_lists import assert_same_entities
 
@@ -120,6 +120,35 @@ def test_ranks_go_where_a_stored_weight_keeps_the_most() -> None:
     assert choose_ranks([cheap, costly], budget_weights=120) == {"cheap": 2, "costly": 1}
     assert choose_ranks([cheap, costly], budget_weights=120, norm_weights=30) == {"cheap": 3}
     assert choose_ranks([cheap, costly], budget_weights=10) == {}
+
+
+@pytest.mark.parametrize("shape", [(48, 160), (160, 48)], ids=["wide", "tall"])
+def test_the_gram_svd_gives_the_singular_values_and_truncations_of_torchs(shape: tuple[int, int]) -> None:
+    """A change of rank 6 plus small noise, and a matrix of rank 3 (zero singular values): the
+    same singular values, the same best approximation at each kept rank, and orthonormal factors."""
+    generator = torch.Generator().manual_seed(0)
+    rows, columns = shape
+    low = torch.randn(rows, 6, generator=generator, dtype=torch.float64) @ torch.randn(6, columns, generator=generator, dtype=torch.float64)
+    for matrix in (low + 1e-4 * torch.randn(rows, columns, generator=generator, dtype=torch.float64), low[:, :3] @ low[:3, :] if rows <= columns
+                   else low[:, :3] @ torch.randn(3, columns, generator=generator, dtype=torch.float64)):
+        u, s, vt = thin_svd(matrix)
+        expected = torch.linalg.svdvals(matrix)
+        assert s.shape == expected.shape and torch.allclose(s, expected, rtol=1e-9, atol=1e-7 * float(expected[0]))
+        assert torch.all(s[:-1] >= s[1:])
+        for rank in (1, 3, 6):
+            best = torch.linalg.svd(matrix, full_matrices=False)
+            truncated = (best.U[:, :rank] * best.S[:rank]) @ best.Vh[:rank]
+            assert torch.allclose((u[:, :rank] * s[:rank]) @ vt[:rank], truncated, atol=1e-9 * float(expected[0]))
+        exact = u.T if rows <= columns else vt  # the vectors of the smaller side, from the Gram matrix
+        assert torch.allclose(exact @ exact.T, torch.eye(min(shape), dtype=torch.float64), atol=1e-8)
+        clear = int((s > 1e-2 * s[0]).sum())  # the other side loses orthogonality as (largest / value) squared
+        assert torch.allclose(u[:, :clear].T @ u[:, :clear], torch.eye(clear, dtype=torch.float64), atol=1e-8)
+        assert torch.allclose(vt[:clear] @ vt[:clear].T, torch.eye(clear, dtype=torch.float64), atol=1e-8)
+        for rank in range(1, int((s > 0).sum()) + 1):  # any rank: the matrix projected on the smaller side's first vectors
+            first = exact[:rank]
+            projected = first.T @ (first @ matrix) if rows <= columns else (matrix @ first.T) @ first
+            assert torch.allclose((u[:, :rank] * s[:rank]) @ vt[:rank], projected, atol=1e-9 * float(expected[0]))
+        assert torch.allclose((u * s) @ vt, matrix, atol=1e-9 * float(expected[0]))
 
 
 def test_a_changed_embedding_cannot_be_an_adapter(tiny_engine) -> None:

@@ -127,6 +127,26 @@ def test_a_label_may_be_asked_as_users_also_write_it_and_its_spans_go_under_that
     assert {s.label.lower() for s in plain.example.spans} == {"person", "location"}
 
 
+def test_a_label_its_record_does_not_hold_is_asked_less_often_with_absent_keep() -> None:
+    import random
+    from dataclasses import replace
+
+    from training.open_data import LabelInfo, MixtureSettings, ask
+
+    example = Example(SENTENCE, [Span(0, 13, "PER")])
+    infos = {raw: LabelInfo(raw, name, None) for raw, name in {"PER": "person", "LOC": "location", "ORG": "organization",
+                                                               "MISC": "miscellaneous"}.items()}
+    plain = MixtureSettings(keep_label_min=1.0, description_rate=0.0, synonym_rate=0.0)
+    always = ask(example, "conll2003", list(infos), infos, [], random.Random(0), plain)
+    assert sorted(always.labels) == ["location", "miscellaneous", "organization", "person"]
+    never = ask(example, "conll2003", list(infos), infos, [], random.Random(0), replace(plain, absent_keep=0.0))
+    assert never.labels == ("person",) and [s.label for s in never.example.spans] == ["person"]
+    halves = [ask(example, "conll2003", list(infos), infos, [], random.Random(seed), replace(plain, absent_keep=0.5))
+              for seed in range(200)]
+    assert all("person" in asked.labels for asked in halves)
+    assert 0.35 < sum(len(asked.labels) - 1 for asked in halves) / (3 * len(halves)) < 0.65
+
+
 def test_a_zero_shot_corpus_is_asked_its_names_or_with_their_definitions(data_dir: Path) -> None:
     from training.open_data import zero_shot_sets
 

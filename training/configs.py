@@ -100,6 +100,7 @@ class OpenTrainConfig(TrainConfig):
     temperature: float = 0.5
     supervised_shares: dict[str, float] = field(default_factory=lambda: {"conll2003/train.txt": 0.2, "resume/train.txt": 0.12})
     keep_label_min: float = 0.5
+    absent_keep: float = 1.0
     negatives_max: int = 3
     description_rate: float = 0.1
     synonym_rate: float = 0.1

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 WEIGHT_BYTES = 2
 HEADER_BYTES_PER_TENSOR = 256
 MEGABYTE = 1_000_000
+#: A singular value below this share of the largest is zero for :func:`thin_svd` (its rounding is about 1.5e-8).
+ZERO_SINGULAR_VALUE = 1e-7
 
 
 @dataclass(frozen=True)
@@ -70,10 +72,28 @@ def linear_changes(tuned: PreTrainedModel, base: PreTrainedModel) -> list[LayerC
         delta = module.weight.detach().double() - base_modules[name].weight.detach().double()
         if not delta.any():
             continue
-        u, s, vt = torch.linalg.svd(delta, full_matrices=False)
+        u, s, vt = thin_svd(delta)
         root = s.sqrt()
         changes.append(LayerChange(name, s, (u * root).float(), (root[:, None] * vt).float()))
     return changes
+
+
+def thin_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``U, S, V^T`` of ``matrix`` (singular values descending) through the eigendecomposition of its
+    smaller Gram matrix, several times faster than ``torch.linalg.svd`` on the CPU. In float64 the
+    singular vectors of the smaller side are orthonormal, the first ``k`` factors give the matrix
+    projected on that side's first ``k`` (its best approximation of rank ``k``), and a singular value
+    is exact to rounding well above 1e-7 of the largest; below that the Gram matrix cannot tell it
+    from zero, and it is zero (its vector of the other side too)."""
+    wide = matrix.shape[0] <= matrix.shape[1]
+    short = matrix if wide else matrix.T
+    eigenvalues, vectors = torch.linalg.eigh(short @ short.T)
+    values = eigenvalues.flip(0).clamp_min(0).sqrt()
+    values = torch.where(values > ZERO_SINGULAR_VALUE * values[:1], values, torch.zeros_like(values))
+    vectors = vectors.flip(1)
+    rows = vectors.T @ short
+    rows = torch.where(values[:, None] > 0, rows / values.clamp_min(torch.finfo(values.dtype).tiny)[:, None], torch.zeros_like(rows))
+    return (vectors, values, rows) if wide else (rows.T, values, vectors.T)
 
 
 def changed_norms(tuned: PreTrainedModel, base: PreTrainedModel) -> list[str]:

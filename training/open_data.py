@@ -7,7 +7,8 @@ names a query writes, and the names it is asked for. The rules, each in one plac
 
 * **Asked labels** are the record's own source's labels (a label outside its source's list is
   unknown there, never asked as absent), each kept with a probability drawn per record (label
-  dropout), at least one kept; two raw labels of one name are one question, their spans merged.
+  dropout; a label the record does not hold less often, ``absent_keep``), at least one kept; two
+  raw labels of one name are one question, their spans merged.
 * **Negatives**: a few domain-specific names of other domains (a name found in one domain group
   only, asked of a record of another), whose count is 0.
 * **How a label is written**: lower-cased names mostly (the zero-shot evaluation asks so), now
@@ -204,6 +205,9 @@ class MixtureSettings:
     #: Fixed shares of the supervised corpora (the rest is the open corpora's).
     supervised_shares: Mapping[str, float] = field(default_factory=lambda: {"conll2003/train.txt": 0.2, "resume/train.txt": 0.12})
     keep_label_min: float = 0.5  # each record keeps each of its labels with a probability drawn from [min, 1]
+    #: A label its record does not hold is kept with that probability times this: below 1 fewer
+    #: questions answer 0 (four in five do at 1), against a prior that undercounts unseen names.
+    absent_keep: float = 1.0
     negatives_max: int = 3
     description_rate: float = 0.1  # per label: name and description
     synonym_rate: float = 0.1  # per label: the raw label, where it reads as another name
@@ -238,7 +242,10 @@ def ask(example: Example, corpus: str, source_labels: Sequence[str], infos: Mapp
     """One record asked for a dropout of its source's labels (two raw labels written alike are one
     question) and ``negatives`` (names of other domains, count 0)."""
     keep = rng.uniform(settings.keep_label_min, 1.0)
-    kept = [raw for raw in source_labels if raw in infos and rng.random() < keep] or [rng.choice([r for r in source_labels if r in infos])]
+    held = {s.label for s in example.spans}
+    kept = [raw for raw in source_labels
+            if raw in infos and rng.random() < (keep if raw in held or settings.absent_keep >= 1.0 else keep * settings.absent_keep)]
+    kept = kept or [rng.choice([r for r in source_labels if r in infos])]
     written: dict[str, str] = {}
     shown_for: dict[str, str] = {}
     for raw in kept:

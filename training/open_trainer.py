@@ -39,7 +39,7 @@ RUN_CONFIG = "run_config.json"
 def mixture_settings(config: OpenTrainConfig) -> MixtureSettings:
     return MixtureSettings(records=config.records if config.limit is None else min(config.records, config.limit),
                            temperature=config.temperature, supervised_shares=dict(config.supervised_shares),
-                           keep_label_min=config.keep_label_min, negatives_max=config.negatives_max,
+                           keep_label_min=config.keep_label_min, absent_keep=config.absent_keep, negatives_max=config.negatives_max,
                            description_rate=config.description_rate, synonym_rate=config.synonym_rate,
                            variant_rate=config.variant_rate,
                            chinese_names_rate=config.chinese_names_rate, ar_rate=config.ar_rate, seed=config.seed)

@@ -167,26 +167,63 @@ def vocabulary(tokenizer: PreTrainedTokenizerBase) -> Mapping[str, int]:
 def cached_tokenizer(folder: Path, load):
     """``load(folder)``, kept in the cache as a pickle with its :func:`vocabulary` so that a cold
     start reads both back instead of building them again (Gemma 3's 262,144-token tokenizer took
-    seconds, about half of it building); the key holds the folder, its tokenizer files' sizes and
-    times, and the library versions. Any failure to read or write the copy falls back to ``load``."""
-    import pickle
-
+    seconds, about half of it building). A copy is found by the folder, its tokenizer files' sizes
+    and times, and the library versions; failing that, by the files' contents, so that the same
+    tokenizer saved beside each stage of a recipe is built once. Any failure to read or write a copy
+    falls back to ``load``."""
     import tokenizers
     import transformers
 
-    stats = [f"{name}:{(folder / name).stat().st_size}:{(folder / name).stat().st_mtime_ns}" for name in TOKENIZER_FILES
-             if (folder / name).is_file()]
-    key_parts = [TOKENIZER_CACHE_LAYOUT, str(folder.resolve()), transformers.__version__, tokenizers.__version__, *stats]
-    key = hashlib.sha256("|".join(key_parts).encode()).hexdigest()[:24]
-    path = cache_root() / "tokenizers" / f"{key}.pickle"
+    files = [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    versions = [TOKENIZER_CACHE_LAYOUT, transformers.__version__, tokenizers.__version__]
+    stats = [f"{path.name}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in files]
+    cache = cache_root() / "tokenizers"
+    by_place = cache / "by-folder" / f"{_key([*versions, str(folder.resolve()), *stats])}.pickle"  # links to the copies
+    tokenizer = _read_cached_tokenizer(by_place, folder)
+    if tokenizer is not None:
+        return tokenizer
+    try:
+        by_content = cache / f"{_key([*versions, *(f'{path.name}:{_file_digest(path)}' for path in files)])}.pickle"
+    except OSError:
+        return load(folder)
+    tokenizer = _read_cached_tokenizer(by_content, folder)
+    if tokenizer is None:
+        tokenizer = load(folder)
+        _write_cached_tokenizer(tokenizer, by_content)
+    try:
+        by_place.parent.mkdir(parents=True, exist_ok=True)
+        os.link(by_content, by_place)  # the next start finds it without reading the files
+    except OSError:
+        log.debug("tokenizer of %s not linked in the cache", folder, exc_info=True)
+    return tokenizer
+
+
+def _key(parts: list[str]) -> str:
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def _file_digest(path: Path) -> str:
+    with path.open("rb") as stored:
+        return hashlib.file_digest(stored, "sha256").hexdigest()
+
+
+def _read_cached_tokenizer(path: Path, folder: Path) -> PreTrainedTokenizerBase | None:
+    """The tokenizer kept at ``path`` as read from ``folder`` (its ``name_or_path``), or None."""
+    import pickle
+
     try:
         with path.open("rb") as stored:
             cached = pickle.load(stored)
-        _vocabularies[cached.tokenizer] = _Vocabulary(len(cached.tokenizer), cached.vocabulary)
-        return cached.tokenizer
     except Exception:  # noqa: BLE001 - missing, or written by another version: build it
-        pass
-    tokenizer = load(folder)
+        return None
+    _vocabularies[cached.tokenizer] = _Vocabulary(len(cached.tokenizer), cached.vocabulary)
+    cached.tokenizer.name_or_path = str(folder)
+    return cached.tokenizer
+
+
+def _write_cached_tokenizer(tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+    import pickle
+
     try:
         kept = copy.copy(tokenizer)  # the copy the cache keeps, without the construction copies
         for name in CONSTRUCTION_COPIES.get(type(tokenizer).__name__, ()):
@@ -197,8 +234,7 @@ def cached_tokenizer(folder: Path, load):
             pickle.dump(CachedTokenizer(kept, dict(vocabulary(tokenizer))), out, protocol=pickle.HIGHEST_PROTOCOL)
         staging.rename(path)
     except Exception:  # noqa: BLE001 - a read-only cache: the next start builds it again
-        log.debug("tokenizer of %s not cached", folder, exc_info=True)
-    return tokenizer
+        log.debug("tokenizer not cached at %s", path, exc_info=True)
 
 
 def load_causal_lm(
