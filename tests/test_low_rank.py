@@ -135,8 +135,8 @@ def test_the_gram_svd_gives_the_singular_values_and_truncations_of_torchs(shape:
         expected = torch.linalg.svdvals(matrix)
         assert s.shape == expected.shape and torch.allclose(s, expected, rtol=1e-9, atol=1e-7 * float(expected[0]))
         assert torch.all(s[:-1] >= s[1:])
+        best = torch.linalg.svd(matrix, full_matrices=False)
         for rank in (1, 3, 6):
-            best = torch.linalg.svd(matrix, full_matrices=False)
             truncated = (best.U[:, :rank] * best.S[:rank]) @ best.Vh[:rank]
             assert torch.allclose((u[:, :rank] * s[:rank]) @ vt[:rank], truncated, atol=1e-9 * float(expected[0]))
         exact = u.T if rows <= columns else vt  # the vectors of the smaller side, from the Gram matrix

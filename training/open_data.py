@@ -243,8 +243,7 @@ def ask(example: Example, corpus: str, source_labels: Sequence[str], infos: Mapp
     question) and ``negatives`` (names of other domains, count 0)."""
     keep = rng.uniform(settings.keep_label_min, 1.0)
     held = {s.label for s in example.spans}
-    kept = [raw for raw in source_labels
-            if raw in infos and rng.random() < (keep if raw in held or settings.absent_keep >= 1.0 else keep * settings.absent_keep)]
+    kept = [raw for raw in source_labels if raw in infos and rng.random() < (keep if raw in held else keep * settings.absent_keep)]
     kept = kept or [rng.choice([r for r in source_labels if r in infos])]
     written: dict[str, str] = {}
     shown_for: dict[str, str] = {}

@@ -14,13 +14,12 @@ Gemma 3 270M is 536 MB, a float32 one 1.07 GB), and only the :data:`MAX_KEPT` us
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ner_service.engine.model_loading import cache_root
+from ner_service.engine.model_loading import cache_key, cache_root
 
 if TYPE_CHECKING:
     import torch
@@ -55,8 +54,7 @@ def kept_path(adapter: Path, base: Path, dtype: "torch.dtype") -> Path:
     import torch
 
     parts = [LAYOUT, *_stats(adapter, ADAPTER_FILES), *_stats(base, BASE_FILES), str(dtype), torch.__version__, safetensors.__version__]
-    key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
-    return cache_root() / "merged" / f"{adapter.name}-{key}.safetensors"
+    return cache_root() / "merged" / f"{adapter.name}-{cache_key(parts)}.safetensors"
 
 
 def mark_used(path: Path) -> None:

@@ -178,12 +178,12 @@ def cached_tokenizer(folder: Path, load):
     versions = [TOKENIZER_CACHE_LAYOUT, transformers.__version__, tokenizers.__version__]
     stats = [f"{path.name}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in files]
     cache = cache_root() / "tokenizers"
-    by_place = cache / "by-folder" / f"{_key([*versions, str(folder.resolve()), *stats])}.pickle"  # links to the copies
+    by_place = cache / "by-folder" / f"{cache_key([*versions, str(folder.resolve()), *stats])}.pickle"  # links to the copies
     tokenizer = _read_cached_tokenizer(by_place, folder)
     if tokenizer is not None:
         return tokenizer
     try:
-        by_content = cache / f"{_key([*versions, *(f'{path.name}:{_file_digest(path)}' for path in files)])}.pickle"
+        by_content = cache / f"{cache_key([*versions, *(f'{path.name}:{_file_digest(path)}' for path in files)])}.pickle"
     except OSError:
         return load(folder)
     tokenizer = _read_cached_tokenizer(by_content, folder)
@@ -198,7 +198,8 @@ def cached_tokenizer(folder: Path, load):
     return tokenizer
 
 
-def _key(parts: list[str]) -> str:
+def cache_key(parts: list[str]) -> str:
+    """The name of a copy in the cache: a hash of everything that makes it."""
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
