@@ -145,8 +145,13 @@ class Workers:
     def worker(self, name: str) -> subprocess.Popen:
         return self.start("worker", "--pool=prefork", "--concurrency=1", "-n", f"{name}@%h", "--without-gossip", "--without-mingle")
 
+    @property
+    def beat_schedule(self) -> Path:
+        """The file beat keeps its schedule in: the last run of each entry."""
+        return self.logs / "beat-schedule"
+
     def beat(self) -> subprocess.Popen:
-        return self.start("beat", "--schedule", str(self.logs / "beat-schedule"))
+        return self.start("beat", "--schedule", str(self.beat_schedule))
 
     @staticmethod
     def kill(process: subprocess.Popen) -> None:

@@ -9,9 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from corpora import read_corpus
 from ner_service.engine import NEREngine
 from ner_service.engine.ner_model import load_base
 from training.configs import LowRankConfig
+from training.evaluate import dev_scores
 from training.low_rank import LayerChange, changed_norms, choose_ranks, store_low_rank, thin_svd
 from training.trainer import AdapterShape, TrainConfig, train
 from tests.entity_lists import assert_same_entities
@@ -81,6 +83,9 @@ def test_the_stored_adapter_gets_the_count_biases_its_own_calibration_chooses(tu
     again = calibrate_on_halves(stored, config.dev, config.eval_batch_size)
     assert saved["count_bias"] == again.setting()
     assert summary["count_calibration"] == again.table() and again.table() in (tuned / "calibrated" / "README.md").read_text()
+    # the dev scores it records are those of the folder as written, its chosen biases included
+    written = NEREngine.load(tuned / "calibrated")
+    assert summary["dev"] == dev_scores(written, read_corpus(config.dev)[:config.eval_limit], ("padellm", "ar"))
 
 
 def test_a_stored_adapter_trains_further_with_each_layer_keeping_its_rank(tuned: Path, tiny_engine) -> None:

@@ -243,10 +243,11 @@ def _writable_copy(folder: Path, to: Path) -> Path:
 
 @pytest.mark.slow
 def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_ask(open_model_folder: Path, data_dir: Path,
-                                                                                tmp_path: Path) -> None:
+                                                                                tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """``python -m training.open_eval``: F1 of every zero-shot corpus and the supervised devs asked by
     name; ``--calibrate --write`` fits the PaDeLLM score map on texts the scores are not reported on
     and stores it in the model's ``ner_model.json`` (a copy of the test model here)."""
+    from training import open_eval
     from training.open_data import ZERO_SHOT_CORPORA
 
     model = _writable_copy(open_model_folder, tmp_path / "model")
@@ -263,9 +264,8 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
         assert score["micro_f1"] == pytest.approx(2 * p * r / (p + r) if p + r else 0.0, abs=0.02)
     assert result["zero_shot_average"] == pytest.approx(sum(result["scores"][c]["micro_f1"] for c in ZERO_SHOT_CORPORA) / 7, abs=0.01)
     assert result["described"] is False
-    described = subprocess.run([*common, "--supervised-limit", "1", "--described"], capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert described.returncode == 0, described.stderr
-    asked = json.loads(described.stdout.strip().splitlines()[-1])
+    assert open_eval.main([*common[3:], "--supervised-limit", "1", "--described"]) == 0  # in this process: one start is enough
+    asked = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert asked["described"] is True and set(asked["scores"]) == set(result["scores"])
 
     before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]

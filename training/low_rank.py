@@ -26,7 +26,7 @@ from training.configs import LowRankConfig
 from training.top_layers import LINEAR_MODULES
 
 if TYPE_CHECKING:
-    from ner_service.engine.ner_model import NERModelConfig
+    from ner_service.engine.ner_model import NERModel, NERModelConfig
 
 #: Bytes a stored adapter weight takes (fp16), and at most what the file's header takes per tensor (its name, shape, offsets).
 WEIGHT_BYTES = 2
@@ -200,10 +200,11 @@ def store_low_rank(config: LowRankConfig) -> dict:
     summary = {"config": asdict(config), "adapter_bytes": size, "kept_share": choice.kept_share, "stored_weights": choice.stored_weights,
                "norms": choice.norms, "ranks": choice.ranks, "dev": None,
                "tuned": json.loads(tuning.read_text(encoding="utf-8")) if tuning.is_file() else None}
-    if config.calibrate_counts and config.dev:
-        summary["count_calibration"] = _calibrate_counts(output, config, ner_config)
     if config.dev:
-        summary["dev"] = _dev_scores(output, config)
+        written = NERModel.load(output, device=config.device)  # the adapter as users load it (fp16, merged), loaded once
+        if config.calibrate_counts:
+            summary["count_calibration"] = _calibrate_counts(written, config, ner_config)
+        summary["dev"] = _dev_scores(written, config)
         ner_config.metrics = {"dev_during_training": summary["dev"]}
         ner_config.write(output)
     (output / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
@@ -220,28 +221,26 @@ def _copy_placeholder_adapter(model_folder: Path, target: Path) -> int:
     return (target / "adapter_model.safetensors").stat().st_size
 
 
-def _calibrate_counts(folder: Path, config: LowRankConfig, ner_config: "NERModelConfig") -> str:
+def _calibrate_counts(written: "NERModel", config: LowRankConfig, ner_config: "NERModelConfig") -> str:
     """Choose each label's count bias on the whole dev file for the stored adapter (the stored
-    change is not the tuned one: its counts are chosen again), write it to ``ner_model.json`` and
-    return the calibration's table."""
+    change is not the tuned one: its counts are chosen again), write it to ``ner_model.json``, set it
+    on the loaded model ``written`` and return the calibration's table."""
     from ner_service.engine import NEREngine
-    from ner_service.engine.ner_model import NERModel
     from training.count_calibration import calibrate_model
 
-    table = calibrate_model(NEREngine(NERModel.load(folder, device=config.device)), ner_config, config.dev, config.eval_batch_size)
-    ner_config.write(folder)
+    table = calibrate_model(NEREngine(written), ner_config, config.dev, config.eval_batch_size)
+    ner_config.write(Path(config.output))
+    written.config.count_bias = ner_config.count_bias
     return table
 
 
-def _dev_scores(folder: Path, config: LowRankConfig) -> dict:
+def _dev_scores(written: "NERModel", config: LowRankConfig) -> dict:
     """PaDeLLM and AR micro-F1 of the stored adapter on the first ``eval_limit`` dev texts."""
     from corpora import read_corpus
     from ner_service.engine import NEREngine
-    from ner_service.engine.ner_model import NERModel
     from training.evaluate import dev_scores
 
-    engine = NEREngine(NERModel.load(folder, device=config.device))
-    return dev_scores(engine, read_corpus(config.dev)[: config.eval_limit], ("padellm", "ar"), progress=True)
+    return dev_scores(NEREngine(written), read_corpus(config.dev)[: config.eval_limit], ("padellm", "ar"), progress=True)
 
 
 def model_card(config: LowRankConfig, summary: dict) -> str:

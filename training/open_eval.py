@@ -183,7 +183,7 @@ def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine,
     return NEREngine(NERModel(model, tokenizer, open_ner_config(config, tokenizer), run_output)), saved
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="an open model (a shipped name or folder), or a run's output folder with snapshots/")
     parser.add_argument("--data", default="../shared/data", help="the folder holding open/, conll2003/ and resume/")
@@ -206,7 +206,7 @@ def main() -> int:
                         help="score (or compare with) this count quantile in place of the model's rule (0: its count bias)")
     parser.add_argument("--write", action="store_true", help="with --calibrate or --choose-quantile: write the map or the quantile "
                                                              "into the model's ner_model.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     data, target = Path(args.data), Path(args.model)
     if args.calibrate:
         return _calibrate(args.model, data, args.limit, args.write)

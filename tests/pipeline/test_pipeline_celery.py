@@ -1,15 +1,17 @@
 """Real Celery workers (prefork subprocesses) on PostgreSQL and a private redis-server: a worker
 SIGKILLed mid-batch and Redis restarted without persistence mid-job both end with every
-document's entities stored exactly once and exact counts; beat's nightly schedule fires and
+document's entities stored exactly once and exact counts; beat fires a nightly run that is due and
 its job completes."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from celery.beat import PersistentScheduler
 from sqlalchemy import func, select
 
 from pipeline import crud, processing
@@ -108,10 +110,21 @@ def test_redis_restart_without_persistence_mid_job(workers: Workers, sessions, p
     assert f"job {job_id} stalled; requeueing" in workers.log_text()
 
 
+def _last_nightly_run_two_days_ago(schedule_file: Path) -> None:
+    """Beat's schedule file as a beat stopped since the day before yesterday left it: the nightly
+    entry (the settings' cron, 02:00) last ran two days ago, so the next beat finds a run due at
+    once instead of at the next 02:00."""
+    scheduler = PersistentScheduler(app=app, schedule_filename=str(schedule_file))
+    entry = scheduler.schedule["nightly-pending-documents"]
+    assert not entry.is_due().is_due, "a fresh schedule waits for the next 02:00"
+    entry.last_run_at = app.now() - timedelta(days=2)
+    scheduler.close()
+
+
 def test_beat_fires_the_nightly_run_over_pending_documents(workers: Workers, sessions, tiny_engine) -> None:
     with sessions.begin() as session:
         ids = crud.add_documents(session, [crud.NewDocument(t) for t in _texts()[:3]])
-    workers.env["NIGHTLY_CRON"] = "* * * * *"  # the next minute, instead of 02:00
+    _last_nightly_run_two_days_ago(workers.beat_schedule)
     workers.worker("nightly")
     workers.beat()
     deadline = time.monotonic() + 240
