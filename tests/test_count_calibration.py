@@ -15,8 +15,8 @@ import torch
 
 from corpora import read_corpus
 from ner_service.engine import NEREngine
-from padellm_ner.cli import main
 from ner_service.engine.count_bias import CountBias, InvalidCountBiasError, InvalidCountQuantileError, checked_quantile, quantile_digits
+from padellm_ner.cli import main
 from tests.conftest import TINY_DIR
 from corpora.dev_halves import dev_halves
 from training.count_calibration import ascend, calibrate, calibrate_quantile_on_halves, count_scores
