@@ -278,6 +278,26 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
 
 
 
+def test_open_eval_scores_corpora_trained_on_asked_as_the_held_out_ones(open_model_folder: Path, data_dir: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """``--seen``: corpora the model trained on, their dev texts asked every name of the corpus as
+    the zero-shot corpora are (the yardstick of the zero-shot figures); a held-out corpus, one of
+    several sources and an unknown one are clear exits 2."""
+    from training import open_eval
+    from training.open_data import zero_shot_sets
+
+    (btc,) = zero_shot_sets(data_dir / "open", 2, corpora=("btc",))
+    assert btc.split == "dev" and btc.labels and all(s.label in btc.labels for e in btc.examples for s in e.spans)
+    assert open_eval.main([str(open_model_folder), "--data", str(data_dir), "--limit", "2", "--seen", "btc, scierc"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(result["scores"]) == {"btc", "scierc"} and all(s["texts"] == 2 and s["split"] == "dev" for s in result["scores"].values())
+    assert result["seen_average"] == pytest.approx((result["scores"]["btc"]["micro_f1"] + result["scores"]["scierc"]["micro_f1"]) / 2, abs=0.01)
+    for seen, problem in (("re3d", "'re3d' is held out"), ("snips", "several sources"), ("nosuch", "no corpus 'nosuch'"), (",", "at least one")):
+        with pytest.raises(SystemExit) as stopped:
+            open_eval.main([str(open_model_folder), "--data", str(data_dir), "--seen", seen])
+        assert stopped.value.code == 2 and problem in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_open_eval_chooses_a_count_quantile_on_unseen_labels_and_reports_it_on_other_texts(open_model_folder: Path, data_dir: Path,
                                                                                        tmp_path: Path) -> None:

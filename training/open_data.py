@@ -322,13 +322,15 @@ class ZeroShotSet:
                 for name in self.labels]
 
 
-def zero_shot_sets(open_folder: str | Path, limit: int = 100, seed: int = 0) -> list[ZeroShotSet]:
+def zero_shot_sets(open_folder: str | Path, limit: int = 100, seed: int = 0, corpora: Sequence[str] = ZERO_SHOT_CORPORA) -> list[ZeroShotSet]:
     """A sample of ``limit`` records of each held-out corpus's dev split (test where it has none),
     spans relabelled with their lower-cased names; a corpus's records are asked every name of it
-    (of a corpus of more names than one request takes, those its sample holds)."""
+    (of a corpus of more names than one request takes, those its sample holds). Other ``corpora``
+    of one source each are asked the same way: corpora trained on give the same questions on
+    labels the model has seen, the yardstick of its zero-shot figures."""
     catalogue = Catalogue.read(open_folder)
     sets = []
-    for corpus in [c for c in ZERO_SHOT_CORPORA if c in catalogue.corpora()]:
+    for corpus in [c for c in corpora if c in catalogue.corpora()]:
         split = "dev" if (catalogue.folder / corpus / "dev.jsonl").is_file() else "test"
         records = catalogue.records(corpus, split)
         random.Random(seed).shuffle(records)

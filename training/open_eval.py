@@ -25,7 +25,7 @@ from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine, NERModel
 from training.count_calibration import QUANTILE_GRID, EntitiesByCounts, best_quantile, count_scores
 from training.evaluate import evaluate_engine
-from training.open_data import SUPERVISED_NAMES, ZeroShotSet, zero_shot_sets
+from training.open_data import SUPERVISED_NAMES, ZERO_SHOT_CORPORA, Catalogue, ZeroShotSet, zero_shot_sets
 
 SUPERVISED_DEV = {"conll2003": "conll2003/dev.txt", "resume": "resume/dev.txt"}
 
@@ -45,6 +45,22 @@ def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit
     for corpus, relative in SUPERVISED_DEV.items():
         examples = named(read_corpus(str(data / relative))[:supervised_limit], SUPERVISED_NAMES[corpus])
         asked.append((corpus, examples, sorted(set(SUPERVISED_NAMES[corpus].values())), "dev"))
+    scores = _scores(engine, asked, batch_size)
+    zero_shot = statistics.fmean(scores[h.corpus]["micro_f1"] for h in held_outs)
+    return {"zero_shot_average": round(zero_shot, 2), "scores": scores}
+
+
+def score_seen_corpora(engine: NEREngine, data: Path, corpora: Sequence[str], limit: int, batch_size: int = 16) -> dict:
+    """Micro-F1 of corpora the model trained on, their first ``limit`` dev texts asked as the
+    zero-shot corpora are asked (every name of the corpus): the same questions on labels it has
+    seen, what its zero-shot average is measured against."""
+    sets = zero_shot_sets(data / "open", limit, corpora=corpora)
+    scores = _scores(engine, [(s.corpus, s.examples, s.labels, s.split) for s in sets], batch_size)
+    return {"seen_average": round(statistics.fmean(score["micro_f1"] for score in scores.values()), 2), "scores": scores}
+
+
+def _scores(engine: NEREngine, asked: list[tuple[str, list[Example], list, str]], batch_size: int) -> dict[str, dict]:
+    """Micro-F1, precision and recall of each (corpus, examples, labels asked, split)."""
     scores: dict[str, dict] = {}
     with tqdm(total=sum(len(examples) for _, examples, _, _ in asked), desc="open eval", unit="text") as bar:
         for corpus, examples, labels, split in asked:
@@ -53,8 +69,7 @@ def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit
             scores[corpus] = {"micro_f1": round(report["micro_f1"], 2), "precision": round(report["precision"], 2),
                               "recall": round(report["recall"], 2), "texts": len(examples), "split": split}
             bar.update(len(examples))
-    zero_shot = statistics.fmean(scores[h.corpus]["micro_f1"] for h in held_outs)
-    return {"zero_shot_average": round(zero_shot, 2), "scores": scores}
+    return scores
 
 
 def choosing_and_reported(data: Path, limit: int, choose_limit: int) -> list[tuple[ZeroShotSet, ZeroShotSet]]:
@@ -192,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--snapshot", default=None, help="score only this snapshot of the run (default: every one not yet in --json)")
     parser.add_argument("--baseline", action="store_true", help="score the run's starting model instead, asked as an open model")
     parser.add_argument("--json", default=None, help="append one JSON line per scored model to this file")
+    parser.add_argument("--seen", default=None, metavar="CORPUS,...", help="score these corpora trained on instead (their dev texts, "
+                                                                           "asked as the zero-shot corpora are: labels seen in training)")
     parser.add_argument("--described", action="store_true", help="ask each zero-shot label with its one-line definition from "
                                                                  "labels.tsv as its description (where it has one)")
     parser.add_argument("--calibrate", action="store_true", help="fit the model's score map instead (zero-shot texts --limit to twice "
@@ -208,6 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                              "into the model's ner_model.json")
     args = parser.parse_args(argv)
     data, target = Path(args.data), Path(args.model)
+    if args.seen:
+        corpora = [name.strip() for name in args.seen.split(",") if name.strip()]
+        problem = seen_corpora_problem(data / "open", corpora)
+        if problem:
+            parser.error(f"--seen: {problem}")
+        engine = NEREngine.load(args.model, dtype="auto", count_quantile=args.count_quantile)
+        print(json.dumps({"model": str(target), **score_seen_corpora(engine, data, corpora, args.limit)}, ensure_ascii=False), flush=True)
+        return 0
     if args.calibrate:
         return _calibrate(args.model, data, args.limit, args.write)
     if args.choose_quantile:
@@ -240,6 +265,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.json, "a", encoding="utf-8") as out:
                 out.write(json.dumps(result, ensure_ascii=False) + "\n")
     return 0
+
+
+def seen_corpora_problem(open_folder: Path, corpora: Sequence[str]) -> str | None:
+    """Why ``corpora`` cannot be scored as seen corpora (None: they can): each must be a corpus of
+    ``open_folder`` of one source (every record is asked every name of its corpus) and not held out."""
+    if not corpora:
+        return "name at least one corpus"
+    catalogue = Catalogue.read(open_folder)
+    for corpus in corpora:
+        if corpus in ZERO_SHOT_CORPORA:
+            return f"{corpus!r} is held out (never trained on): its score is a zero-shot one"
+        if corpus not in catalogue.corpora():
+            return f"no corpus {corpus!r} in {open_folder}"
+        if len(catalogue.sources(corpus)) != 1:
+            return f"{corpus!r} has several sources of different labels: its records cannot all be asked every name"
+    return None
 
 
 def write_settings(model: str, engine: NEREngine, **settings: object) -> None:
