@@ -5,7 +5,8 @@ and languages, each asked every name of its own label set, lower-cased; the supe
 CoNLL-03 and Resume dev asked their labels by plain name. ``python -m training.open_eval`` scores
 a model folder, or every snapshot of a run (quality against training minutes), and appends one
 JSON line per scored model to ``--json``. ``--calibrate`` fits an open model's score map where it
-will be used, on labels it never trained on (:func:`calibrate_open_model`).
+will be used, on labels it never trained on (:func:`calibrate_open_model`). ``--seen`` scores
+corpora it trained on, asked the same way: what its zero-shot figures are measured against.
 """
 
 from __future__ import annotations
