@@ -223,13 +223,12 @@ def _copy_placeholder_adapter(model_folder: Path, target: Path) -> int:
 
 def _calibrate_counts(written: "NERModel", config: LowRankConfig, ner_config: "NERModelConfig") -> str:
     """Choose each label's count bias on the whole dev file for the stored adapter (the stored
-    change is not the tuned one: its counts are chosen again), write it to ``ner_model.json``, set it
-    on the loaded model ``written`` and return the calibration's table."""
+    change is not the tuned one: its counts are chosen again), set it in ``ner_config`` (written with
+    the dev scores) and on the loaded model ``written``, and return the calibration's table."""
     from ner_service.engine import NEREngine
     from training.count_calibration import calibrate_model
 
     table = calibrate_model(NEREngine(written), ner_config, config.dev, config.eval_batch_size)
-    ner_config.write(Path(config.output))
     written.config.count_bias = ner_config.count_bias
     return table
 

@@ -347,3 +347,19 @@ def zero_shot_sets(open_folder: str | Path, limit: int = 100, seed: int = 0, cor
                 descriptions.setdefault(info.name.lower(), info.description)
         sets.append(ZeroShotSet(corpus, split, examples, labels, {name: descriptions[name] for name in labels if name in descriptions}))
     return sets
+
+
+def seen_corpora_problem(open_folder: str | Path, corpora: Sequence[str]) -> str | None:
+    """Why ``corpora`` cannot be scored as seen corpora (None: they can): each must be a corpus of
+    ``open_folder`` of one source (every record is asked every name of its corpus) and not held out."""
+    if not corpora:
+        return "name at least one corpus"
+    catalogue = Catalogue.read(open_folder)
+    for corpus in corpora:
+        if corpus in ZERO_SHOT_CORPORA:
+            return f"{corpus!r} is held out (never trained on): its score is a zero-shot one"
+        if corpus not in catalogue.corpora():
+            return f"no corpus {corpus!r} in {catalogue.folder}"
+        if len(catalogue.sources(corpus)) != 1:
+            return f"{corpus!r} has several sources of different labels: its records cannot all be asked every name"
+    return None

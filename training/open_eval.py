@@ -26,7 +26,7 @@ from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine, NERModel
 from training.count_calibration import QUANTILE_GRID, EntitiesByCounts, best_quantile, count_scores
 from training.evaluate import evaluate_engine
-from training.open_data import SUPERVISED_NAMES, ZERO_SHOT_CORPORA, Catalogue, ZeroShotSet, zero_shot_sets
+from training.open_data import SUPERVISED_NAMES, ZeroShotSet, seen_corpora_problem, zero_shot_sets
 
 SUPERVISED_DEV = {"conll2003": "conll2003/dev.txt", "resume": "resume/dev.txt"}
 
@@ -226,13 +226,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                              "into the model's ner_model.json")
     args = parser.parse_args(argv)
     data, target = Path(args.data), Path(args.model)
+
+    def load_model() -> NEREngine:
+        return NEREngine.load(args.model, dtype="auto", count_quantile=args.count_quantile)
+
     if args.seen:
         corpora = [name.strip() for name in args.seen.split(",") if name.strip()]
         problem = seen_corpora_problem(data / "open", corpora)
         if problem:
             parser.error(f"--seen: {problem}")
-        engine = NEREngine.load(args.model, dtype="auto", count_quantile=args.count_quantile)
-        print(json.dumps({"model": str(target), **score_seen_corpora(engine, data, corpora, args.limit)}, ensure_ascii=False), flush=True)
+        print(json.dumps({"model": str(target), **score_seen_corpora(load_model(), data, corpora, args.limit)}, ensure_ascii=False), flush=True)
         return 0
     if args.calibrate:
         return _calibrate(args.model, data, args.limit, args.write)
@@ -253,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         snapshots = [Path(args.snapshot)] if args.snapshot else sorted((target / "snapshots").glob("snapshot-*.pt"))
         jobs = [(s, lambda s=s: snapshot_engine(target, s)) for s in snapshots if s.name not in done]
     else:
-        jobs = [(None, lambda: (NEREngine.load(args.model, dtype="auto", count_quantile=args.count_quantile), {}))]
+        jobs = [(None, lambda: (load_model(), {}))]
     for snapshot, load in jobs:
         began = time.perf_counter()
         engine, saved = load()
@@ -266,22 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.json, "a", encoding="utf-8") as out:
                 out.write(json.dumps(result, ensure_ascii=False) + "\n")
     return 0
-
-
-def seen_corpora_problem(open_folder: Path, corpora: Sequence[str]) -> str | None:
-    """Why ``corpora`` cannot be scored as seen corpora (None: they can): each must be a corpus of
-    ``open_folder`` of one source (every record is asked every name of its corpus) and not held out."""
-    if not corpora:
-        return "name at least one corpus"
-    catalogue = Catalogue.read(open_folder)
-    for corpus in corpora:
-        if corpus in ZERO_SHOT_CORPORA:
-            return f"{corpus!r} is held out (never trained on): its score is a zero-shot one"
-        if corpus not in catalogue.corpora():
-            return f"no corpus {corpus!r} in {open_folder}"
-        if len(catalogue.sources(corpus)) != 1:
-            return f"{corpus!r} has several sources of different labels: its records cannot all be asked every name"
-    return None
 
 
 def write_settings(model: str, engine: NEREngine, **settings: object) -> None:
