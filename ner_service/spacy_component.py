@@ -3,7 +3,9 @@
 Registered through the ``spacy_factories`` entry point of the package, so it works in any pipeline
 (``spacy.blank("en")``, ``spacy.blank("zh")``...) once the package is installed. Each entity's
 probability is kept in ``span._.padellm_score`` (``threshold`` in the config drops entities scored
-below it) and the cost of the engine batch in ``doc._.padellm_stats``. ``nlp.pipe`` runs one engine batch per ``batch_size`` docs (the config's
+below it) and the cost of the engine batch in ``doc._.padellm_stats``. With ``flat_ner`` false,
+every label's entities, overlapping ones too, go to the span group ``doc.spans["padellm_ner"]``
+(``doc.ents`` cannot overlap: it keeps the flat ones). ``nlp.pipe`` runs one engine batch per ``batch_size`` docs (the config's
 ``batch_size`` bounds it: a larger ``nlp.pipe(batch_size=...)`` does not raise it).
 """
 
@@ -23,6 +25,7 @@ from ner_service.engine.results import checked_threshold
 
 FACTORY = "padellm_ner"
 SCORE_EXTENSION = "padellm_score"
+SPANS_KEY = "padellm_ner"  # doc.spans[SPANS_KEY]: every entity, overlaps kept (flat_ner false)
 STATS_EXTENSION = "padellm_stats"
 CONFIG_FILE = "padellm_ner.json"
 AUTO_MODEL = "auto"  # the shipped default model of the pipeline's language
@@ -38,19 +41,19 @@ class PaDeLLMNER:
     components of the same model share its weights."""
 
     def __init__(self, nlp: Language, name: str, model: str, labels: list[str | dict[str, str]] | None, strategy: str | None,
-                 decoder: str | None, batch_size: int, threshold: float = 0.0) -> None:
+                 decoder: str | None, batch_size: int, threshold: float = 0.0, flat_ner: bool = True) -> None:
         self.name = name
-        self.configure(model, labels, strategy, decoder, batch_size, threshold)
+        self.configure(model, labels, strategy, decoder, batch_size, threshold, flat_ner)
 
     def configure(self, model: str, labels: list[str | dict[str, str]] | None, strategy: str | None = None,
-                  decoder: str | None = None, batch_size: int = 16, threshold: float = 0.0) -> None:
+                  decoder: str | None = None, batch_size: int = 16, threshold: float = 0.0, flat_ner: bool = True) -> None:
         """Validate and set the options (:meth:`EnginePool.options`, against ``ner_model.json``;
         weights load on first use); ``threshold`` from 0 to 1 (:func:`checked_threshold`)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
         self.threshold = checked_threshold(threshold)
         self.pool = EnginePool.shared()
-        self.options: ExtractOptions = self.pool.options(model, labels=labels, strategy=strategy, decoder=decoder)
+        self.options: ExtractOptions = self.pool.options(model, labels=labels, strategy=strategy, decoder=decoder, flat_ner=flat_ner)
         self.configured_labels = labels  # as given (None: the model's labels; an open model takes any names), for to_disk
         self.batch_size = batch_size
 
@@ -67,14 +70,14 @@ class PaDeLLMNER:
         for batch in minibatch(stream, size=min(batch_size or self.batch_size, self.batch_size)):
             extractions = self.pool.extract(self.options, [doc.text for doc in batch], self.batch_size)
             for doc, extraction in zip(batch, extractions):
-                self.set_entities(doc, extraction.above(self.threshold))
+                self.set_entities(doc, extraction.above(self.threshold), self.options.flat_ner)
                 yield doc
 
     @staticmethod
-    def set_entities(doc: Doc, extraction: Extraction) -> None:
+    def set_entities(doc: Doc, extraction: Extraction, flat_ner: bool = True) -> None:
         """Align character spans to tokens (expanding), drop overlaps (longest first; for the same
         tokens, the higher score), keep each score in ``span._.padellm_score`` and the batch's
-        cost in ``doc._.padellm_stats``."""
+        cost in ``doc._.padellm_stats``; with ``flat_ner`` off, every span in ``doc.spans``."""
         candidates: list[tuple[Span, float]] = []
         for entity in sorted(extraction.entities, key=lambda e: e.score, reverse=True):
             span = doc.char_span(entity.start, entity.end, label=entity.label, alignment_mode="expand")
@@ -85,7 +88,9 @@ class PaDeLLMNER:
             scores.setdefault((span.start, span.end, span.label_), score)
         # filter_spans sorts stably: among spans of the same tokens the first, highest-scored, one wins
         doc.ents = filter_spans(span for span, _ in candidates)
-        for span in doc.ents:
+        if not flat_ner:
+            doc.spans[SPANS_KEY] = sorted({(s.start, s.end, s.label_): s for s, _ in candidates}.values(), key=lambda s: (s.start, s.end, s.label_))
+        for span in [*doc.ents, *doc.spans.get(SPANS_KEY, [])]:
             span._.set(SCORE_EXTENSION, scores[(span.start, span.end, span.label_)])
         doc._.set(STATS_EXTENSION, extraction.stats.to_dict())
 
@@ -95,7 +100,7 @@ class PaDeLLMNER:
         folder.mkdir(parents=True, exist_ok=True)
         labels = list(self.configured_labels) if self.configured_labels is not None else None
         options = {"model": self.options.model, "labels": labels, "strategy": self.options.strategy, "decoder": self.options.decoder,
-                   "batch_size": self.batch_size, "threshold": self.threshold}
+                   "batch_size": self.batch_size, "threshold": self.threshold, "flat_ner": self.options.flat_ner}
         (folder / CONFIG_FILE).write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
 
     def from_disk(self, path: str | Path, *, exclude: Iterable[str] = ()) -> "PaDeLLMNER":
@@ -109,17 +114,19 @@ class PaDeLLMNER:
 
 @Language.factory(
     FACTORY,
-    default_config={"model": AUTO_MODEL, "labels": None, "strategy": None, "decoder": None, "batch_size": 16, "threshold": 0.0},
-    assigns=["doc.ents"],
+    default_config={"model": AUTO_MODEL, "labels": None, "strategy": None, "decoder": None, "batch_size": 16, "threshold": 0.0,
+                    "flat_ner": True},
+    assigns=["doc.ents", "doc.spans"],
 )
 def make_padellm_ner(
     nlp: Language, name: str, model: str, labels: list[str | dict[str, str]] | None, strategy: str | None, decoder: str | None,
-    batch_size: int, threshold: float
+    batch_size: int, threshold: float, flat_ner: bool
 ) -> PaDeLLMNER:
     """spaCy factory of :class:`PaDeLLMNER` (config: model, labels, strategy (default
-    ``padellm``), decoder (default ``copy``), batch_size, threshold (default 0: every entity));
-    model ``"auto"`` is the shipped default for the pipeline's language (``spacy.blank("zh")`` →
-    zh-resume)."""
+    ``padellm``), decoder (default ``copy``), batch_size, threshold (default 0: every entity),
+    flat_ner (default true; false: every entity also in ``doc.spans["padellm_ner"]``, overlaps
+    kept)); model ``"auto"`` is the shipped default for the pipeline's language
+    (``spacy.blank("zh")`` → zh-resume)."""
     if model == AUTO_MODEL:
         model = default_model_for_language(nlp.lang)
-    return PaDeLLMNER(nlp, name, model, labels, strategy, decoder, batch_size, threshold)
+    return PaDeLLMNER(nlp, name, model, labels, strategy, decoder, batch_size, threshold, flat_ner)

@@ -69,7 +69,8 @@ def _options(args: argparse.Namespace):
     from ner_service.engine.ner_model import resolve_ner_model
 
     labels = _labels(args)
-    options = ExtractOptions(args.model, tuple(labels) if labels is not None else None, args.strategy, args.decoder)
+    options = ExtractOptions(args.model, tuple(labels) if labels is not None else None, args.strategy, args.decoder,
+                             flat_ner=args.flat_ner)
     return options.validated(NERModelConfig.read(resolve_ner_model(args.model)))
 
 
@@ -85,6 +86,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", default=None,
                         help="comma-separated subset of the model's labels; an open-label model takes any names, also as a JSON list "
                              'of names and {"name": ..., "description": ...} objects (default: the model\'s labels)')
+    parser.add_argument("--flat-ner", action=argparse.BooleanOptionalAction, default=True,
+                        help="entities never overlap (default); --no-flat-ner keeps every label's: spans may nest and one span "
+                             "may carry several labels (for corpora annotated so)")
     parser.add_argument("--device", default="cpu")
     _add_cpu_options(parser)
     parser.add_argument("--whole-output-layer", action="store_true",
@@ -222,7 +226,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     engine = _engine(args)
     sources = _annotated_by_source(args, examples)
     report = evaluate_engine(engine, examples, strategy=options.strategy, decoder=options.decoder, batch_size=args.batch_size,
-                             labels=options.labels, sources=sources)
+                             labels=options.labels, sources=sources, flat_ner=options.flat_ner)
     report["model"] = engine.name
     breakdown = None
     if args.errors:

@@ -52,32 +52,33 @@ class PadeLLMNER:
         return self.engine.labels
 
     def extract(self, texts: Sequence[str], labels: Sequence[Label] | None = None, threshold: float | None = DEFAULT_THRESHOLD,
-                strategy: str | None = None, decoder: str | None = None) -> list[Extraction]:
+                strategy: str | None = None, decoder: str | None = None, flat_ner: bool = True) -> list[Extraction]:
         """The engine's :class:`Extraction` of each text (entities and the batch's cost), below
-        ``threshold`` dropped."""
+        ``threshold`` dropped; ``flat_ner`` False keeps overlapping entities (nested spans, and
+        one span under several labels)."""
         from ner_service.engine.results import checked_threshold
 
         if isinstance(texts, str):
             raise TypeError("texts must be a list of strings (predict_entities takes one string)")
         threshold = checked_threshold(threshold)
-        options = self.engine.options(labels, strategy or self.strategy, decoder or self.decoder)
+        options = self.engine.options(labels, strategy or self.strategy, decoder or self.decoder, flat_ner)
         return [result.above(threshold) for result in self.engine.extract_with(options, list(texts))]
 
     def predict_entities(self, text: str, labels: Sequence[Label] | None = None, threshold: float | None = DEFAULT_THRESHOLD,
-                         strategy: str | None = None, decoder: str | None = None) -> list[dict[str, Any]]:
+                         strategy: str | None = None, decoder: str | None = None, flat_ner: bool = True) -> list[dict[str, Any]]:
         """The entities of ``text`` as ``{"start", "end", "text", "label", "score"}`` dicts in
         reading order (``end`` exclusive; ``text[start:end]`` is the mention). ``labels`` None:
-        the model's own."""
+        the model's own; ``flat_ner`` False: entities may overlap, as in GLiNER."""
         if not isinstance(text, str):
             raise TypeError("predict_entities takes one string; batch_predict_entities takes a list")
-        [result] = self.extract([text], labels, threshold, strategy, decoder)
+        [result] = self.extract([text], labels, threshold, strategy, decoder, flat_ner)
         return [_entity(e) for e in result.entities]
 
     def batch_predict_entities(self, texts: Sequence[str], labels: Sequence[Label] | None = None,
                                threshold: float | None = DEFAULT_THRESHOLD, strategy: str | None = None,
-                               decoder: str | None = None) -> list[list[dict[str, Any]]]:
+                               decoder: str | None = None, flat_ner: bool = True) -> list[list[dict[str, Any]]]:
         """:meth:`predict_entities` of each text, in one engine call."""
-        return [[_entity(e) for e in result.entities] for result in self.extract(texts, labels, threshold, strategy, decoder)]
+        return [[_entity(e) for e in result.entities] for result in self.extract(texts, labels, threshold, strategy, decoder, flat_ner)]
 
     def __repr__(self) -> str:
         return f"PadeLLMNER({self.name!r}, labels={self.labels})"

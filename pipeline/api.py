@@ -101,7 +101,8 @@ async def submit_job(request: JobRequest, session: SessionDep, owner: OwnerDep, 
     url = f"{router.prefix}/jobs/{job.public_id}"
     response.headers["Location"] = url
     return JobAccepted(job_id=job.public_id, document_ids=submission.document_ids, status=job.status, total=job.total,
-                       model_version=job.model_version, strategy=job.strategy, decoder=job.decoder, labels=job.labels, status_url=url)
+                       model_version=job.model_version, strategy=job.strategy, decoder=job.decoder, labels=job.labels,
+                       flat_ner=job.flat_ner, status_url=url)
 
 
 def _store(request: JobRequest, session: Session, owner: str, key: str | None) -> Submission:
@@ -117,7 +118,7 @@ def _store(request: JobRequest, session: Session, owner: str, key: str | None) -
         else:
             ids = crud.owned_document_ids(session, owner, [str(i) for i in request.document_ids or []])
         job = crud.create_job(session, ids, routing.versions_for(pool, crud.languages_of(session, ids)), strategy, owner,
-                              request.label_entries(), request.decoder)
+                              request.label_entries(), request.decoder, request.flat_ner)
         public_ids = crud.public_ids_of(session, ids)
         if key is not None:
             crud.add_idempotency_key(session, owner, key, fingerprint, job.id, public_ids)
@@ -162,7 +163,8 @@ def _checked(request: JobRequest) -> tuple[EnginePool, str]:
     try:
         models = [pool.default, *{pool.model_for(d.language) for d in request.documents or []}]
         # the strategy and the labels run on every model of the job
-        options = [pool.options(model, labels=request.label_entries(), strategy=request.strategy, decoder=request.decoder) for model in models]
+        options = [pool.options(model, labels=request.label_entries(), strategy=request.strategy, decoder=request.decoder,
+                                flat_ner=request.flat_ner) for model in models]
     except (ModelNotFoundError, InvalidOptionsError) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     return pool, str(options[0].strategy)

@@ -56,7 +56,7 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
     sessions = _sessions()
     pool = configured_pool()
     labels = [label.strip() for label in args.labels.split(",") if label.strip()] if args.labels else None
-    pool.options(labels=labels, strategy=args.strategy, decoder=args.decoder)  # options the model cannot run fail here, before any job is created
+    pool.options(labels=labels, strategy=args.strategy, decoder=args.decoder, flat_ner=args.flat_ner)  # options the model cannot run fail here, before any job is created
     pool.engine(pool.default)  # ... and so does a model that cannot load
     bar: tqdm | None = None
 
@@ -70,6 +70,7 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
 
     status = run_pending(sessions, pool, args.chunk_size or settings.pipeline_chunk_size, limit=args.limit,
                          reprocess=settings.reprocess_on_model_change, strategy=args.strategy, decoder=args.decoder, labels=labels,
+                         flat_ner=args.flat_ner,
                          on_start=on_start, on_chunk=on_chunk)
     if bar is not None:
         bar.close()
@@ -148,6 +149,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--strategy", default=DEFAULT_STRATEGY, help="how the model is asked: padellm (the default), ar or fast_dllm")
     run.add_argument("--decoder", default=None, help="how the answers' tokens are produced (default: copy), as in extract and the API")
     run.add_argument("--labels", default=None, help="comma-separated labels to find (default: the model's); an open-label model takes any names")
+    run.add_argument("--flat-ner", action=argparse.BooleanOptionalAction, default=True,
+                     help="entities never overlap (default); --no-flat-ner keeps every label's, as in extract and the API")
     run.set_defaults(func=cmd_jobs_run)
     status = actions.add_parser("status", help="one job's status (JSON), or the latest jobs")
     status.add_argument("job_id", nargs="?", help="a job's id (as the API and the list show it) or row number")

@@ -41,13 +41,17 @@ def model_version(engine) -> str:
     return model_version_of_path(engine.ner_model.path)
 
 
-def results_version(version: str, strategy: str = DEFAULT_STRATEGY, labels: list | None = None, decoder: str | None = None) -> str:
+def results_version(version: str, strategy: str = DEFAULT_STRATEGY, labels: list | None = None, decoder: str | None = None,
+                    flat_ner: bool = True) -> str:
     """The key results are stored under: the model version, plus the strategy when it is not the
-    default, plus the decoder when a job named another than the default, plus a digest of the
-    labels asked when a job named them (results for other labels are other results)."""
+    default, plus the decoder when a job named another than the default, plus ``+overlapping``
+    when its entities may overlap, plus a digest of the labels asked when a job named them
+    (results for other labels are other results)."""
     key = version if strategy == DEFAULT_STRATEGY else f"{version}+{strategy}"
     if decoder not in (None, DEFAULT_DECODER):
         key = f"{key}+{decoder}"
+    if not flat_ner:
+        key = f"{key}+overlapping"
     if labels is None:
         return key
     digest = hashlib.sha256(json.dumps(labels, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:12]

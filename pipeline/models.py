@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from ner_service.engine.defaults import DEFAULT_STRATEGY
@@ -91,6 +91,7 @@ class Job(Base):
     strategy: Mapped[str] = mapped_column(String(16), default=DEFAULT_STRATEGY)
     labels: Mapped[list | None] = mapped_column(JSON)  # as the request named them (None: each model's own); see results_version
     decoder: Mapped[str | None] = mapped_column(String(16))  # as the request named it (None: the default); see results_version
+    flat_ner: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())  # false: entities may overlap; see results_version
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -64,7 +64,7 @@ def process_chunk(sessions: sessionmaker[Session], pool: EnginePool, job_id: int
         job = crud.start_running(session, job_id)
         if job.status not in JobStatus.ACTIVE:
             return outcome
-        strategy, labels, decoder = job.strategy, job.labels, job.decoder
+        strategy, labels, decoder, flat_ner = job.strategy, job.labels, job.decoder, job.flat_ner
         rows = crud.pending_documents(session, job_id, document_ids)
     results: dict[int, DocumentOutcome] = {}
     by_model: dict[str, list[Any]] = {}
@@ -74,7 +74,7 @@ def process_chunk(sessions: sessionmaker[Session], pool: EnginePool, job_id: int
         except ModelNotFoundError as error:
             results[row.id] = str(error)
     for model, model_rows in by_model.items():
-        version = results_version(model_version_of_path(model), strategy, labels, decoder)
+        version = results_version(model_version_of_path(model), strategy, labels, decoder, flat_ner)
         with sessions() as session:
             done = crud.documents_with_results(session, version, [r.id for r in model_rows])
         to_run = []
@@ -86,7 +86,7 @@ def process_chunk(sessions: sessionmaker[Session], pool: EnginePool, job_id: int
             else:
                 to_run.append(row)
         if to_run:
-            options = pool.options(model, labels=labels, strategy=strategy, decoder=decoder)
+            options = pool.options(model, labels=labels, strategy=strategy, decoder=decoder, flat_ner=flat_ner)
             pool.engine(model)  # a model that cannot load fails the job (not each document)
             for row, entities in zip(to_run, _extract(pool, options, [r.text for r in to_run])):
                 results[row.id] = f"{type(entities).__name__}: {entities}" if isinstance(entities, Exception) else Found(version, entities)

@@ -28,10 +28,11 @@ def run_job(sessions: sessionmaker[Session], pool: EnginePool, job_id: int, chun
 
 def run_pending(sessions: sessionmaker[Session], pool: EnginePool, chunk_size: int, limit: int | None = None,
                 reprocess: bool = False, strategy: str = DEFAULT_STRATEGY, labels: list | None = None, decoder: str | None = None,
+                flat_ner: bool = True,
                 on_start: Callable[[int], None] | None = None,
                 on_chunk: Callable[[processing.ChunkOutcome], None] | None = None) -> dict | None:
     """Create a job over the pending documents (at most ``limit``) with ``strategy``, ``decoder``
-    (None: the default) and ``labels`` (None: each model's) and run it here; ``None`` when there is nothing to do.
+    (None: the default), ``labels`` (None: each model's) and ``flat_ner`` and run it here; ``None`` when there is nothing to do.
     ``on_start`` gets the number of documents."""
     if chunk_size < 1:  # refused before a job exists: none is left 'running' with nothing to run it
         raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
@@ -40,7 +41,7 @@ def run_pending(sessions: sessionmaker[Session], pool: EnginePool, chunk_size: i
         if not ids:
             return None
         job_id = crud.create_job(session, ids, routing.versions_for(pool, crud.languages_of(session, ids)), strategy, labels=labels,
-                                 decoder=decoder).id
+                                 decoder=decoder, flat_ner=flat_ner).id
         crud.mark_dispatched(session, job_id)  # this process runs it: beat's sweep must not enqueue it
     if on_start:
         on_start(len(ids))

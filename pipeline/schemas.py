@@ -66,6 +66,7 @@ class JobRequest(BaseModel):
     labels: list[LabelName | LabelIn] | None = Field(
         default=None, min_length=1, max_length=MAX_OPEN_LABELS,
         description="the labels to find, as in POST /v1/entities (default: each model's); an open-label model takes any names")
+    flat_ner: bool = Field(default=True, description="false: every label's entities, overlaps kept, as in POST /v1/entities (default true)")
 
     @model_validator(mode="before")
     @classmethod
@@ -109,6 +110,7 @@ class JobAccepted(BaseModel):
     strategy: str
     decoder: str | None = None
     labels: list[str | dict[str, str | None]] | None = None
+    flat_ner: bool = True
     status_url: str
 
 
@@ -127,6 +129,7 @@ class JobOut(BaseModel):
     strategy: str
     decoder: str | None = None
     labels: list[str | dict[str, str | None]] | None = None
+    flat_ner: bool = True
     created_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None

@@ -123,7 +123,7 @@ def test_a_diffusion_pipe_round_trips_without_a_decoder(tmp_path: Path) -> None:
 
 
 def test_to_disk_from_disk_round_trip(tmp_path: Path) -> None:
-    options = TINY | {"labels": ["LOC", "MISC"], "strategy": "ar", "decoder": "greedy", "batch_size": 3, "threshold": 0.0}
+    options = TINY | {"labels": ["LOC", "MISC"], "strategy": "ar", "decoder": "greedy", "batch_size": 3, "threshold": 0.0, "flat_ner": False}
     nlp = spacy.blank("en")
     nlp.add_pipe(FACTORY, config=options)
     nlp.to_disk(tmp_path / "pipeline")
@@ -137,7 +137,8 @@ def test_to_disk_from_disk_round_trip(tmp_path: Path) -> None:
     fresh.add_pipe(FACTORY, config=TINY)  # default options, replaced by what was saved
     fresh.from_disk(tmp_path / "pipeline")
     restored = fresh.get_pipe(FACTORY)
-    assert (restored.labels, restored.options.strategy, restored.options.decoder, restored.batch_size) == (("LOC", "MISC"), "ar", "greedy", 3)
+    assert (restored.labels, restored.options.strategy, restored.options.decoder, restored.batch_size, restored.options.flat_ner) == (
+        ("LOC", "MISC"), "ar", "greedy", 3, False)
     texts = ["Peter Blackburn", "BRUSSELS 1996-08-22", "EU rejects German call ."]
     original, again = list(nlp.pipe(texts)), list(fresh.pipe(texts))
     assert any(doc.ents for doc in original), "compares entities, not empty lists"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ner_service.engine.chunking import chunk_spans, mostly_single_sentences, sentence_spans
-from ner_service.engine.spans import Entity, Mention, align_mentions, resolve_overlaps
+from ner_service.engine.spans import Entity, Mention, align_mentions, distinct_spans, resolve_overlaps
 
 
 def test_kth_mention_goes_to_next_untaken_occurrence() -> None:
@@ -144,3 +144,23 @@ def test_a_long_sentence_is_cut_into_windows_of_words_at_clause_marks() -> None:
     chinese = "1994年3月至今任北京大学教授，兼任中国科学院研究员、清华大学客座教授，曾任华为技术有限公司高级工程师"
     assert [chinese[s:e] for s, e in chunk_spans(chinese, len, 20, one_sentence=True)] == [
         "1994年3月至今任北京大学教授，", "兼任中国科学院研究员、清华大学客座教授，", "曾任华为技术有限公司高级工程师"]
+
+
+def test_with_overlaps_kept_spans_nest_one_span_takes_several_labels_and_each_comes_once() -> None:
+    """``flat_ner`` off: what :func:`resolve_overlaps` would drop stays; a (span, label) found twice
+    (two windows) comes once, at its higher score."""
+    text = "the Bank of England , England"
+    found = [Entity(4, 19, "Bank of England", "ORG", 0.5), Entity(12, 19, "England", "LOC", 0.4),
+             Entity(22, 29, "England", "LOC", 0.9), Entity(22, 29, "England", "GPE", 0.3), Entity(22, 29, "England", "LOC", 0.7)]
+    kept = distinct_spans(found)
+    assert [(text[e.start:e.end], e.start, e.label, e.score) for e in kept] == [
+        ("Bank of England", 4, "ORG", 0.5), ("England", 12, "LOC", 0.4), ("England", 22, "GPE", 0.3), ("England", 22, "LOC", 0.9)]
+    assert [(e.start, e.label) for e in resolve_overlaps(found)] == [(4, "ORG"), (22, "LOC")]
+
+
+def test_a_mention_inside_a_longer_entity_moves_to_its_free_occurrence_else_stays_nested() -> None:
+    text = "He flew to New York to watch the New York Yankees ."
+    entities, missing = align_mentions(text, [Mention("LOC", "New York", -0.1), Mention("ORG", "New York Yankees", -0.1)])
+    assert missing == 0 and [(e.start, e.label) for e in entities] == [(11, "LOC"), (33, "ORG")]
+    nested, _ = align_mentions("the New York Yankees won", [Mention("LOC", "New York", -0.1), Mention("ORG", "New York Yankees", -0.1)])
+    assert [(e.start, e.end, e.label) for e in nested] == [(4, 12, "LOC"), (4, 20, "ORG")]

@@ -128,13 +128,15 @@ def evaluate_engine(
     progress: bool = True,
     deadline: float | None = None,
     sources: Mapping[str, Collection[str]] | None = None,
+    flat_ner: bool = True,
 ) -> dict[str, object]:
     """Run the engine over ``examples`` and score it; latency is per batch of ``batch_size`` texts.
     ``labels``, ``strategy`` and ``decoder`` are validated by :meth:`NEREngine.options` (None: the default);
     ``deadline``: see :func:`predict` (``n_sentences`` says how many texts were scored); ``sources``:
     the labels each source annotates, under the names asked (a corpus's ``sources.json``): a
-    record of a listed source is asked, and scored on, only those of the labels asked."""
-    options = engine.options(labels, strategy, decoder)
+    record of a listed source is asked, and scored on, only those of the labels asked;
+    ``flat_ner`` False: overlapping entities kept, for corpora that nest them."""
+    options = engine.options(labels, strategy, decoder, flat_ner)
     asked = [_asked_of(options, e, sources) for e in examples]
     found = predict_asked(engine, examples, asked, batch_size, progress, deadline)
     scored = examples[: len(found.entities)]

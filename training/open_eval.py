@@ -37,36 +37,37 @@ def named(examples: list[Example], names: dict[str, str]) -> list[Example]:
 
 
 def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit: int, batch_size: int = 16,
-                     described: bool = False) -> dict:
+                     described: bool = False, flat_ner: bool = True) -> dict:
     """Micro-F1 (precision, recall) of each zero-shot corpus and of each supervised dev (first ``supervised_limit``
     texts; None: all), and the zero-shot average; ``described``: the zero-shot labels asked with their
-    definitions from labels.tsv as descriptions, where they have one."""
+    definitions from labels.tsv as descriptions, where they have one; ``flat_ner`` False: overlapping entities kept."""
     held_outs = zero_shot_sets(data / "open", limit)
     asked = [(h.corpus, h.examples, h.asked(described), h.split) for h in held_outs]
     for corpus, relative in SUPERVISED_DEV.items():
         examples = named(read_corpus(str(data / relative))[:supervised_limit], SUPERVISED_NAMES[corpus])
         asked.append((corpus, examples, sorted(set(SUPERVISED_NAMES[corpus].values())), "dev"))
-    scores = _scores(engine, asked, batch_size)
+    scores = _scores(engine, asked, batch_size, flat_ner)
     zero_shot = statistics.fmean(scores[h.corpus]["micro_f1"] for h in held_outs)
     return {"zero_shot_average": round(zero_shot, 2), "scores": scores}
 
 
-def score_seen_corpora(engine: NEREngine, data: Path, corpora: Sequence[str], limit: int, batch_size: int = 16) -> dict:
+def score_seen_corpora(engine: NEREngine, data: Path, corpora: Sequence[str], limit: int, batch_size: int = 16,
+                       flat_ner: bool = True) -> dict:
     """Micro-F1 of corpora the model trained on, their first ``limit`` dev texts asked as the
     zero-shot corpora are asked (every name of the corpus): the same questions on labels it has
     seen, what its zero-shot average is measured against."""
     sets = zero_shot_sets(data / "open", limit, corpora=corpora)
-    scores = _scores(engine, [(s.corpus, s.examples, s.labels, s.split) for s in sets], batch_size)
+    scores = _scores(engine, [(s.corpus, s.examples, s.labels, s.split) for s in sets], batch_size, flat_ner)
     return {"seen_average": round(statistics.fmean(score["micro_f1"] for score in scores.values()), 2), "scores": scores}
 
 
-def _scores(engine: NEREngine, asked: list[tuple[str, list[Example], list, str]], batch_size: int) -> dict[str, dict]:
+def _scores(engine: NEREngine, asked: list[tuple[str, list[Example], list, str]], batch_size: int, flat_ner: bool = True) -> dict[str, dict]:
     """Micro-F1, precision and recall of each (corpus, examples, labels asked, split)."""
     scores: dict[str, dict] = {}
     with tqdm(total=sum(len(examples) for _, examples, _, _ in asked), desc="open eval", unit="text") as bar:
         for corpus, examples, labels, split in asked:
             bar.set_postfix_str(corpus)
-            report = evaluate_engine(engine, examples, labels=labels, batch_size=batch_size, progress=False)
+            report = evaluate_engine(engine, examples, labels=labels, batch_size=batch_size, progress=False, flat_ner=flat_ner)
             scores[corpus] = {"micro_f1": round(report["micro_f1"], 2), "precision": round(report["precision"], 2),
                               "recall": round(report["recall"], 2), "texts": len(examples), "split": split}
             bar.update(len(examples))
@@ -212,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                            "asked as the zero-shot corpora are: labels seen in training)")
     parser.add_argument("--described", action="store_true", help="ask each zero-shot label with its one-line definition from "
                                                                  "labels.tsv as its description (where it has one)")
+    parser.add_argument("--flat-ner", action=argparse.BooleanOptionalAction, default=True,
+                        help="entities never overlap (default); --no-flat-ner keeps every label's, as corpora that nest them "
+                             "or give a span two labels are annotated (sofc_exp, gum)")
     parser.add_argument("--calibrate", action="store_true", help="fit the model's score map instead (zero-shot texts --limit to twice "
                                                                  "that and the supervised choosing halves; measured on the texts scored)")
     parser.add_argument("--choose-quantile", action="store_true", help="choose the model's count quantile instead, on the "
@@ -235,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = seen_corpora_problem(data / "open", corpora)
         if problem:
             parser.error(f"--seen: {problem}")
-        print(json.dumps({"model": str(target), **score_seen_corpora(load_model(), data, corpora, args.limit)}, ensure_ascii=False), flush=True)
+        scores = score_seen_corpora(load_model(), data, corpora, args.limit, flat_ner=args.flat_ner)
+        print(json.dumps({"model": str(target), "flat_ner": args.flat_ner, **scores}, ensure_ascii=False), flush=True)
         return 0
     if args.calibrate:
         return _calibrate(args.model, data, args.limit, args.write)
@@ -262,7 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine, saved = load()
         result = {"model": str(target), "snapshot": snapshot.name if snapshot else ("baseline" if args.baseline else None),
                   "train_minutes": round(saved.get("seconds", 0) / 60, 1) if saved else None, "step": saved.get("step") if saved else None,
-                  "described": args.described, **score_open_model(engine, data, args.limit, args.supervised_limit, described=args.described),
+                  "described": args.described, "flat_ner": args.flat_ner,
+                  **score_open_model(engine, data, args.limit, args.supervised_limit, described=args.described, flat_ner=args.flat_ner),
                   "eval_seconds": round(time.perf_counter() - began)}
         print(json.dumps(result, ensure_ascii=False), flush=True)
         if args.json:

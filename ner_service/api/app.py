@@ -88,7 +88,7 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
         return pool.is_loaded(options.model)
 
     def text_entities(options: ExtractOptions, text: str, found: list[Entity]) -> list[Entity]:
-        return pool.engine(options.model).text_entities(text, found, options.strategy)
+        return pool.engine(options.model).text_entities(text, found, options.strategy, options.flat_ner)
 
     rate = ServiceRate.fixed(settings.ner_fixed_ms_per_token) if settings.ner_fixed_ms_per_token > 0 \
         else ServiceRate(settings.ner_prior_ms_per_token)

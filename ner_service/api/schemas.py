@@ -75,6 +75,8 @@ class EntitiesRequest(BaseModel):
     model: Annotated[str, StringConstraints(min_length=1, max_length=255), ACCEPTABLE] | None = Field(None, description="a shipped model name (default: the model of `language`, else the server's NER_MODEL)")
     language: Annotated[str, StringConstraints(min_length=2, max_length=16), ACCEPTABLE] | None = Field(None, description="the texts' language ('en', 'zh'): picks its default model when `model` is not given")
     threshold: float = Field(0.0, ge=0.0, le=1.0, description="drop the entities whose score (the probability the model gave them) is below this (default 0: every entity)")
+    flat_ner: bool = Field(True, description="true (default): entities never overlap; false: every label's entities, as GLiNER's "
+                                             "`flat_ner`: spans may nest and one span may carry several labels")
 
     @model_validator(mode="before")
     @classmethod

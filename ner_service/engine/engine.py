@@ -29,7 +29,7 @@ from ner_service.engine.ner_model import DEFAULT_MODEL, NERModel
 from ner_service.engine.options import ExtractOptions
 from ner_service.engine.results import Extraction, ExtractionStats
 from ner_service.engine.score_calibration import ScoreCalibration
-from ner_service.engine.spans import Entity, align_mentions, resolve_overlaps
+from ner_service.engine.spans import Entity, align_mentions, distinct_spans, resolve_overlaps
 from ner_service.engine.strategies import Strategy, StrategyOptions, strategy_class
 
 if TYPE_CHECKING:
@@ -96,9 +96,11 @@ class NEREngine:
     def name(self) -> str:
         return self.ner_model.config.name
 
-    def options(self, labels: Sequence[object] | None = None, strategy: str | None = None, decoder: str | None = None) -> ExtractOptions:
+    def options(self, labels: Sequence[object] | None = None, strategy: str | None = None, decoder: str | None = None,
+                flat_ner: bool = True) -> ExtractOptions:
         """Options for this engine's model, validated (:meth:`ExtractOptions.validated`; None: the default)."""
-        return ExtractOptions(self.name, tuple(labels) if labels is not None else None, strategy, decoder).validated(self.ner_model.config)
+        return ExtractOptions(self.name, tuple(labels) if labels is not None else None, strategy, decoder,
+                              flat_ner=flat_ner).validated(self.ner_model.config)
 
     def strategy_options(self) -> StrategyOptions:
         """The engine's settings as its strategies read them."""
@@ -124,13 +126,15 @@ class NEREngine:
         labels: Sequence[str] | None = None,
         strategy: str | Strategy | None = None,
         decoder: str | Decoder | None = None,
+        flat_ner: bool = True,
     ) -> list[Extraction]:
         """Entities of every text, in batches of ``max_batch_texts``. ``strategy`` is how the
         model is asked: a registered name (``padellm``, ``ar``, ``fast_dllm``) or a configured
         :class:`Strategy`; ``decoder`` how its answers' tokens are produced: a registered
         decoder's name or a configured :class:`Decoder` (e.g. speculative with its draft model).
         Labels and names are validated by :meth:`options` (None: the default); configured
-        instances are used as they are."""
+        instances are used as they are. ``flat_ner`` False keeps overlapping entities
+        (:attr:`ExtractOptions.flat_ner`)."""
         if isinstance(strategy, Strategy):
             configured_strategy, strategy = strategy, None
         else:
@@ -139,7 +143,7 @@ class NEREngine:
             configured_decoder, decoder = decoder, None
         else:
             configured_decoder = None
-        return self.extract_with(self.options(labels, strategy, decoder), texts, configured_strategy, configured_decoder)
+        return self.extract_with(self.options(labels, strategy, decoder, flat_ner), texts, configured_strategy, configured_decoder)
 
     def extract_with(self, options: ExtractOptions, texts: Sequence[str], strategy: Strategy | None = None,
                      decoder: Decoder | None = None) -> list[Extraction]:
@@ -157,10 +161,11 @@ class NEREngine:
         asked = {(s.prompt if self.ner_model.config.open_labels else s.name): s.name for s in specs}
         results: list[Extraction] = []
         for start in range(0, len(texts), self.max_batch_texts):
-            results.extend(self._extract_batch(list(texts[start:start + self.max_batch_texts]), asked, asking, generator))
+            results.extend(self._extract_batch(list(texts[start:start + self.max_batch_texts]), asked, asking, generator, options.flat_ner))
         return results
 
-    def _extract_batch(self, texts: list[str], asked: dict[str, str], strategy: Strategy, decoder: Decoder) -> list[Extraction]:
+    def _extract_batch(self, texts: list[str], asked: dict[str, str], strategy: Strategy, decoder: Decoder,
+                       flat_ner: bool = True) -> list[Extraction]:
         """``asked`` maps each label as the strategy asks it to the name it comes back under."""
         began = time.perf_counter()
         stats = ExtractionStats(batch_texts=len(texts))
@@ -174,15 +179,19 @@ class NEREngine:
                 Entity(e.start + window.offset, e.end + window.offset, e.text, asked.get(e.label, e.label), e.score) for e in entities
             )
         stats.latency_ms = (time.perf_counter() - began) * 1000
-        return [Extraction(text, self.text_entities(text, found, strategy.name), stats, found) for text, found in zip(texts, per_text)]
+        return [Extraction(text, self.text_entities(text, found, strategy.name, flat_ner), stats, found)
+                for text, found in zip(texts, per_text)]
 
-    def text_entities(self, text: str, found: list[Entity], strategy: str) -> list[Entity]:
+    def text_entities(self, text: str, found: list[Entity], strategy: str, flat_ner: bool = True) -> list[Entity]:
         """A text's entities from those found in its windows (or in the pieces the API cut it
-        into), offsets in ``text``: flat, consistent where the model says so, and their scores
-        calibrated for ``strategy``."""
-        entities = resolve_overlaps(found, self.ner_model.config.shorter_span_margin)
-        if self.document_consistency:
-            entities = consistent_entities(text, entities)
+        into), offsets in ``text``: flat and consistent where the model says so (``flat_ner``
+        False: every label's, overlaps kept), and their scores calibrated for ``strategy``."""
+        if flat_ner:
+            entities = resolve_overlaps(found, self.ner_model.config.shorter_span_margin)
+            if self.document_consistency:
+                entities = consistent_entities(text, entities)
+        else:
+            entities = distinct_spans(found)
         return calibrated(entities, self.score_calibrations.get(strategy, ScoreCalibration()))
 
 

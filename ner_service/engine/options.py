@@ -1,7 +1,7 @@
 """What a caller asks the engine for, validated in one place for the API, spaCy, the pipeline
 and the command line: the model, the labels, the strategy (how the model is asked: ``padellm``,
-``ar``, ``fast_dllm``) and the decoder (how its answers' tokens are produced: a registered
-:mod:`general_decoding` decoder).
+``ar``, ``fast_dllm``), the decoder (how its answers' tokens are produced: a registered
+:mod:`general_decoding` decoder) and whether entities may overlap (``flat_ner``).
 
 :meth:`ExtractOptions.validated` is the one rule: it resolves the defaults (no labels: all of the
 model's labels; no strategy or decoder: :mod:`.defaults`) and checks every name against the
@@ -53,6 +53,10 @@ class ExtractOptions:
     decoder: str | None = None
     #: ``(name, description)`` of the labels that have one (open-label models; set by :meth:`validated`).
     descriptions: tuple[tuple[str, str], ...] = ()
+    #: True: entities never overlap (a span, the surer label; the longer of nested spans). False:
+    #: every label's answers, as GLiNER's ``flat_ner=False``: spans may nest and one span may carry
+    #: several labels (each label is asked alone, so "person" and "politician" can both hold).
+    flat_ner: bool = True
 
     def validated(self, config: NERModelConfig) -> "ExtractOptions":
         """These options checked against the model's ``ner_model.json``, defaults filled in: no
@@ -61,8 +65,10 @@ class ExtractOptions:
         :class:`InvalidOptionsError` naming what is wrong and what the model supports."""
         specs = _labels(self.labels, config, self.model)
         strategy = _strategy(self.strategy or default_strategy(config), config, self.model)
+        if not isinstance(self.flat_ner, bool):
+            raise InvalidOptionsError(f"flat_ner must be true or false, not {self.flat_ner!r}")
         return ExtractOptions(self.model, tuple(s.name for s in specs), strategy, _decoder(self.decoder, strategy, config, self.model),
-                              tuple((s.name, s.description) for s in specs if s.description))
+                              tuple((s.name, s.description) for s in specs if s.description), self.flat_ner)
 
     def label_specs(self) -> tuple[LabelSpec, ...]:
         """The validated labels with their descriptions."""

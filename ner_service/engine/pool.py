@@ -109,11 +109,12 @@ class EnginePool:
         return model_for_language(language, self.default)
 
     def options(self, model: str | None = None, language: str | None = None, labels: Sequence[str] | None = None,
-                strategy: str | None = None, decoder: str | None = None) -> ExtractOptions:
+                strategy: str | None = None, decoder: str | None = None, flat_ner: bool = True) -> ExtractOptions:
         """Validated :class:`ExtractOptions` (:meth:`ExtractOptions.validated`) of ``model``, else
         the model of ``language``, else the default; None: the default labels, strategy, decoder."""
         name = model or self.model_for(language)
-        return ExtractOptions(name, tuple(labels) if labels is not None else None, strategy, decoder).validated(self.config(name))
+        return ExtractOptions(name, tuple(labels) if labels is not None else None, strategy, decoder,
+                              flat_ner=flat_ner).validated(self.config(name))
 
     def is_loaded(self, name: str) -> bool:
         return name in self._models

@@ -76,9 +76,10 @@ def align_mentions(text: str, mentions: list[Mention]) -> tuple[list[Entity], in
     Mentions of one label are taken in the order given (reading order): each goes to the
     first untaken occurrence at or after the previous one of its label, else to any
     untaken occurrence. A label's occurrence is never used twice. Then each entity that lies
-    inside a longer one (which :func:`resolve_overlaps` would drop) moves to a free
-    occurrence of its text that overlaps no entity, where there is one: "律师" (TITLE) first
-    occurs inside "海问律师事务所" (ORG) in "海问律师事务所律师".
+    inside a longer one moves to a free occurrence of its text that overlaps no entity, where
+    there is one: "律师" (TITLE) first occurs inside "海问律师事务所" (ORG) in "海问律师事务所律师",
+    and "Venice" (LOC) inside "Venice Film Festival" (ORG) in "... opened in Venice". A mention
+    with no such occurrence stays inside the longer one: nested, where entities may overlap.
     """
     entities: list[Entity] = []
     missing = 0
@@ -146,6 +147,17 @@ def resolve_overlaps(entities: list[Entity], shorter_span_margin: float | None =
             kept = [o for o in kept if o not in overlapped]
         kept.append(entity)
     return sorted(kept, key=lambda e: (e.start, e.end, e.label))
+
+
+def distinct_spans(entities: list[Entity]) -> list[Entity]:
+    """Every label's entities, overlaps kept (``flat_ner`` off: spans nest, cross, and one span
+    may carry several labels), each (span, label) once at its highest score; sorted by offset."""
+    best: dict[tuple[int, int, str], Entity] = {}
+    for entity in entities:
+        key = (entity.start, entity.end, entity.label)
+        if key not in best or entity.score > best[key].score:
+            best[key] = entity
+    return sorted(best.values(), key=lambda e: (e.start, e.end, e.label))
 
 
 def _more_probable_than_longer(entity: Entity, entities: list[Entity], margin: float) -> bool:

@@ -19,9 +19,9 @@ class UnknownJobError(LookupError):
 
 
 def create_job(session: Session, document_ids: Sequence[int], model_version: str, strategy: str = DEFAULT_STRATEGY,
-               owner: str = LOCAL_OWNER, labels: list | None = None, decoder: str | None = None) -> Job:
+               owner: str = LOCAL_OWNER, labels: list | None = None, decoder: str | None = None, flat_ner: bool = True) -> Job:
     """A queued job of ``owner`` over the (deduplicated) documents, with a ``strategy``, a
-    ``decoder`` (None: the default) and ``labels`` (None: each model's own) its caller validated
+    ``decoder`` (None: the default), ``labels`` (None: each model's own) and ``flat_ner`` its caller validated
     (:meth:`~ner_service.engine.EnginePool.options`); raises ``ValueError`` for no documents and
     :class:`UnknownDocumentsError` for ids that do not exist."""
     unique = list(dict.fromkeys(document_ids))
@@ -32,7 +32,7 @@ def create_job(session: Session, document_ids: Sequence[int], model_version: str
     if missing:
         raise UnknownDocumentsError(missing)
     job = Job(status=JobStatus.QUEUED, total=len(unique), processed=0, failed=0, model_version=model_version, strategy=strategy,
-              owner=owner, labels=labels, decoder=decoder)
+              owner=owner, labels=labels, decoder=decoder, flat_ner=flat_ner)
     session.add(job)
     session.flush()
     session.add_all(JobDocument(job_id=job.id, document_id=i, status=DocumentStatus.PENDING) for i in unique)

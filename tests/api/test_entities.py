@@ -60,6 +60,12 @@ def test_threshold_drops_the_entities_scored_below_it(client: TestClient, tiny_e
     assert refused.status_code == 422 and "threshold" in refused.text
 
 
+def test_flat_ner_is_true_or_false(client: TestClient) -> None:
+    refused = client.post("/v1/entities", json={"text": TEXTS[0], "flat_ner": "sometimes"})
+    assert refused.status_code == 422 and "flat_ner" in refused.text
+    assert client.post("/v1/entities", json={"text": TEXTS[0], "flat_ner": False}).status_code == 200
+
+
 @pytest.mark.parametrize(("fields", "message"), [
     ({"decoder": "ar"}, "'ar' is a strategy: send it as `strategy`"),  # the old ``decoder`` named the strategy
     ({"backend": "anpd"}, "`backend` is now `decoder`"),  # ... and ``backend`` the decoder
@@ -144,6 +150,12 @@ def test_a_real_entity_with_the_english_model(make_client) -> None:
     assert response.status_code == 200, response.text
     found = {(e["text"], e["label"]) for e in response.json()["results"][0]["entities"]}
     assert ("Angela Merkel", "PER") in found and ("Paris", "LOC") in found
+    # flat_ner off: every label's entities; New York the place stays inside New York the team (tests/test_overlapping_entities.py)
+    text = "He flew to New York to watch the New York Yankees ."
+    for flat_ner, expected in ((False, [(11, "LOC"), (33, "LOC"), (33, "ORG")]), (True, [(11, "LOC"), (33, "ORG")])):
+        response = client.post("/v1/entities", json={"text": text, "model": "en-conll03", "flat_ner": flat_ner})
+        assert response.status_code == 200, response.text
+        assert [(e["start"], e["label"]) for e in response.json()["results"][0]["entities"]] == expected
 
 
 @pytest.mark.slow

@@ -66,6 +66,9 @@ def test_inline_job_is_stored_and_enqueued(client: TestClient, redis_db13: str, 
     labelled = client.post("/v1/jobs", json={"documents": docs[:1], "labels": ["PER"]})
     assert labelled.status_code == 202 and labelled.json()["labels"] == ["PER"] and body["labels"] is None
     assert client.get(labelled.json()["status_url"]).json()["labels"] == ["PER"]
+    overlapping = client.post("/v1/jobs", json={"documents": docs[:1], "flat_ner": False})
+    assert overlapping.status_code == 202 and overlapping.json()["flat_ner"] is False and body["flat_ner"] is True
+    assert client.get(overlapping.json()["status_url"]).json()["flat_ner"] is False
     by_id = client.post("/v1/jobs", json={"document_ids": [first, body["document_ids"][-1]]})
     assert by_id.json()["total"] == 2 and by_id.json()["document_ids"] == [first, body["document_ids"][-1]]
 

@@ -34,14 +34,14 @@ def test_counts_in_range_run_the_job(migrated: str, tmp_path, capsys) -> None:
         assert (job.status, job.total, job.processed) == ("completed", 2, 2)
 
 
-def test_jobs_run_takes_the_decoder_and_stores_results_under_it(migrated: str, tmp_path) -> None:
+def test_jobs_run_takes_the_decoder_and_flat_ner_and_stores_results_under_them(migrated: str, tmp_path) -> None:
     from pipeline.models import DocumentResult
 
     (tmp_path / "docs.txt").write_text("Angela Merkel visited Paris .\n")
     assert main(["ingest", str(tmp_path / "docs.txt")]) == 0
-    assert main(["jobs", "run", "--strategy", "ar", "--decoder", "greedy"]) == 0
+    assert main(["jobs", "run", "--strategy", "ar", "--decoder", "greedy", "--no-flat-ner"]) == 0
     with session_factory(migrated)() as session:
         (job,) = session.scalars(select(Job))
-        assert (job.status, job.strategy, job.decoder) == ("completed", "ar", "greedy")
+        assert (job.status, job.strategy, job.decoder, job.flat_ner) == ("completed", "ar", "greedy", False)
         versions = set(session.scalars(select(DocumentResult.model_version)))
-    assert versions and all(v.endswith("+ar+greedy") for v in versions), versions
+    assert versions and all(v.endswith("+ar+greedy+overlapping") for v in versions), versions

@@ -39,7 +39,7 @@ def test_alembic_command_line_reads_database_url(sqlite_url: str) -> None:
         done = subprocess.run([sys.executable, "-m", "alembic", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         if args == ["current"]:
-            assert "0006 (head)" in done.stdout
+            assert "0007 (head)" in done.stdout
 
 
 def test_the_strategy_rename_keeps_every_jobs_strategy(database_url: str) -> None:
@@ -130,4 +130,24 @@ def test_jobs_stored_before_dispatch_tracking_count_as_handed_over(database_url:
         connection.execute(text(insert), {"owner": "key:other"})
     with pytest.raises(IntegrityError), engine.begin() as connection:
         connection.execute(text(insert), {"owner": "local"})
+    command.downgrade(config, "base")
+
+
+def test_jobs_stored_before_flat_ner_keep_flat_entities(database_url: str) -> None:
+    """0007: a job stored before ``flat_ner`` existed runs as it was asked, its entities never overlapping."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from pipeline.db import alembic_config
+
+    config = alembic_config(database_url)
+    command.upgrade(config, "0006")
+    engine = get_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO jobs (id, public_id, owner, status, total, processed, failed, model_version, strategy, "
+                                "created_at, updated_at) VALUES (4, 'p', 'local', 'queued', 1, 0, 0, 'v', 'padellm', CURRENT_TIMESTAMP, "
+                                "CURRENT_TIMESTAMP)"))
+    command.upgrade(config, "0007")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT flat_ner FROM jobs WHERE id = 4")).scalar() in (True, 1)
     command.downgrade(config, "base")

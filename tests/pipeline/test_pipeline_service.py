@@ -15,6 +15,7 @@ from pipeline.model_version import model_version, results_version
 from pipeline.models import Document, DocumentResult, EntityRow, Job, JobDocument
 from ner_service.engine import EnginePool
 from pipeline.runner import run_job, run_pending
+from pipeline.schemas import JobOut
 
 NAMES = re.compile(r"\b(Berlin|Paris|Angela Merkel|Peter Blackburn|Reuters)\b")
 LABELS = {"Berlin": "LOC", "Paris": "LOC", "Angela Merkel": "PER", "Peter Blackburn": "PER", "Reuters": "ORG"}
@@ -256,3 +257,18 @@ def test_a_job_on_an_open_model_finds_the_labels_it_names_under_their_names(sess
             found = crud.document_entities(session, doc_id)
             assert found.model_version == results_version(version, labels=labels) != version  # other labels, other results
             assert [(e.start, e.end, e.label) for e in found.entities] == sorted((e.start, e.end, e.label) for e in result.entities)
+
+
+def test_a_job_with_flat_ner_off_stores_overlapping_entities_under_their_own_version(sessions, en_engine) -> None:
+    text = "He flew to New York to watch the New York Yankees ."  # two places called New York, the second in the team's name
+    version = model_version(en_engine)
+    with sessions.begin() as session:
+        [doc_id] = crud.add_documents(session, [crud.NewDocument(text, source="test")])
+        job_id = crud.create_job(session, [doc_id], version, flat_ner=False).id
+    status = run_job(sessions, EnginePool.serving(en_engine), job_id, chunk_size=1)
+    assert (status["status"], status["processed"]) == ("completed", 1)
+    with sessions() as session:
+        found = crud.document_entities(session, doc_id)
+        assert found.model_version == results_version(version, flat_ner=False) != version  # flat results are other results
+        assert [(e.start, e.end, e.label) for e in found.entities] == [(11, 19, "LOC"), (33, 41, "LOC"), (33, 49, "ORG")]
+        assert JobOut.of(crud.find_job(session, job_id)).flat_ner is False

@@ -38,7 +38,7 @@ from ner_service.api.core.admission import Admission, Overloaded
 from ner_service.api.core.metrics import Metrics
 from ner_service.api.core.work import Piece, merged, pieces_of
 from ner_service.engine import ExtractOptions, Extraction
-from ner_service.engine.spans import Entity, resolve_overlaps
+from ner_service.engine.spans import Entity, distinct_spans, resolve_overlaps
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -98,7 +98,7 @@ class MicroBatcher:
         self._loaded = loaded or (lambda options: True)  # whether the options' model is loaded
         self._load = load  # loads it, in the loader thread
         self._loads: dict[str, asyncio.Future[object]] = {}  # by model: the load under way
-        self._text_entities = text_entities or (lambda options, text, found: resolve_overlaps(found))
+        self._text_entities = text_entities or (lambda options, text, found: resolve_overlaps(found) if options.flat_ner else distinct_spans(found))
         self._metrics = metrics
         self.admission = admission
         self.enabled = enabled

@@ -92,7 +92,7 @@ async def extract_entities(body: EntitiesRequest, request: Request, state: State
     _check_limits(texts, state)
     state.guard.charge(caller, len(texts) - 1)
     try:
-        options = state.pool.options(body.model, body.language, body.label_entries(), body.strategy, body.decoder)
+        options = state.pool.options(body.model, body.language, body.label_entries(), body.strategy, body.decoder, body.flat_ner)
     except (InvalidOptionsError, ModelNotFoundError) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     extractions = await _extract(request, state, options, texts, caller)
