@@ -1,7 +1,8 @@
 """The entity-highlighting page served at ``/``: one self-contained HTML document (inline CSS and JS, no CDN).
 
 It reads the models and labels from ``/v1/models``, posts to ``/v1/entities`` and highlights the
-entities by label, with a legend of the requested labels (entities found per label) and the timing.
+entities by label, with a legend of the requested labels (entities found per label) and the timing;
+an open-label model's labels are typed, any names, its default ones to start from.
 User text is only ever inserted as DOM text nodes. The API's offsets count code points (Python
 ``str``) and JavaScript strings are UTF-16, so the page slices the text as an array of code points:
 an emoji or a flag before an entity would otherwise shift its highlight.
@@ -33,7 +34,7 @@ PAGE = """<!doctype html>
 </head>
 <body>
 <h1>padellm-ner</h1>
-<p class="lead">Paste a text, pick the labels and the strategy, and see the entities.</p>
+<p class="lead">Paste a text, pick the labels (or, on an open-label model, name your own) and the strategy, and see the entities.</p>
 <form id="form">
   <textarea id="text" placeholder="Angela Merkel visited Paris ." required></textarea>
   <fieldset><legend>Model and strategy</legend>
@@ -87,6 +88,14 @@ function showLabels() {
   box.replaceChildren();
   const model = currentModel();
   if (!model) { return; }
+  if (model.open_labels) {  // any names: typed, its default labels to start from
+    const item = document.createElement("label");
+    const input = document.createElement("input");
+    input.id = "own-labels"; input.size = 60; input.value = model.labels.join(", ");
+    item.append("Any labels, comma-separated ", input);
+    box.append(item);
+    return;
+  }
   for (const label of model.labels) {
     const item = document.createElement("label");
     const input = document.createElement("input");
@@ -158,14 +167,16 @@ $("apikey").addEventListener("change", loadModels);
 $("form").addEventListener("submit", async (event) => {
   event.preventDefault();
   const text = $("text").value;
-  const labels = [...document.querySelectorAll("input[name=label]:checked")].map((input) => input.value);
+  const typed = $("own-labels");
+  const labels = typed ? typed.value.split(",").map((name) => name.trim()).filter((name) => name)
+                       : [...document.querySelectorAll("input[name=label]:checked")].map((input) => input.value);
   if (labels.length === 0) { showError("Pick at least one label."); return; }
   $("submit").disabled = true;
   document.body.dataset.state = "busy";
   try {
     const answer = await call("/v1/entities", {method: "POST", body: JSON.stringify({text, labels, strategy: $("strategy").value, model: $("model").value})});
     const result = answer.results[0];
-    render(text, result.entities, currentModel().labels, answer.labels);
+    render(text, result.entities, typed ? answer.labels : currentModel().labels, answer.labels);
     $("timing").textContent = result.entities.length + " entities in " + answer.elapsed_ms.toFixed(1) + " ms (engine " +
       result.stats.latency_ms.toFixed(1) + " ms, " + result.stats.forward_passes + " forward passes, " + answer.strategy + ", " + answer.model + ")";
     showError("");

@@ -149,7 +149,8 @@ class ModelInfo(BaseModel):
 
     name: str
     language: str
-    labels: list[str]
+    labels: list[str] = Field(description="the labels answered when a request names none")
+    open_labels: bool = Field(description="takes any label names at call time (an open-label model); else only its `labels`")
     base: str
     adapter: bool = Field(description="a LoRA adapter on ``base`` (else a self-contained model)")
     dev_f1: float | None = Field(description="PaDeLLM micro-F1 on the dev set, when recorded")

@@ -136,9 +136,10 @@ def test_models_are_listed_from_their_config(client: TestClient) -> None:
     for model in body["models"]:
         config = NERModelConfig.read(resolve_ner_model(model["name"]))
         assert model["labels"] == config.labels and model["language"] == config.language and model["base"] == config.base
-        assert model["adapter"] == (config.base != ".")
+        assert model["adapter"] == (config.base != ".") and model["open_labels"] == config.open_labels
         assert model["default"] == (model["name"] == TINY)
         assert model["loaded"] == (model["name"] == TINY)  # listing loads nothing
+    assert [m["name"] for m in body["models"] if m["open_labels"]] == [m for m in ("open",) if m in shipped_model_names()]
 
 
 @pytest.mark.slow

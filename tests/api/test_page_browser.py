@@ -117,6 +117,27 @@ def test_the_page_highlights_entities_in_chromium(server: str, browser, tmp_path
     _screenshot(browser, tmp_path, "page_ar_per.png")
 
 
+def test_an_open_label_model_is_asked_the_labels_typed_on_the_page(server: str, browser, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server + "/")
+    WebDriverWait(browser, 60).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    Select(browser.find_element(By.ID, "model")).select_by_value("open")
+    typed = browser.find_element(By.ID, "own-labels")
+    assert typed.get_attribute("value") == "person, organization, location, miscellaneous"  # its default labels
+    assert browser.find_elements(By.CSS_SELECTOR, "input[name=label]") == []
+    typed.clear()
+    typed.send_keys("person, city ,, ")
+    browser.find_element(By.ID, "text").send_keys(TEXT)
+    timing = _submit(browser, "padellm", set())
+    assert _highlights(browser) == [("Angela Merkel", "person"), ("Emmanuel Macron", "person"), ("Paris", "city")]
+    assert [s.text for s in browser.find_elements(By.CSS_SELECTOR, "#legend span")] == ["city (1)", "person (2)"]
+    assert "forward passes, padellm, open)" in timing
+    _screenshot(browser, tmp_path, "page_open_labels.png")
+
+
 def _rendered(driver) -> tuple[list[tuple[str, str]], str]:
     """The highlighted texts with their labels, and the whole text shown (without the label tags)."""
     marks, shown = driver.execute_script("""
