@@ -106,6 +106,25 @@ def test_the_open_mixture_asks_only_its_sources_labels_or_other_domains_and_neve
                 assert any(written == name or written.startswith(f"{name} (") for name in own | specific), (e.corpus, label)
 
 
+def test_a_long_record_is_cut_into_sentence_pieces_and_a_label_cut_through_is_not_asked_there() -> None:
+    """``cut_long_records``: a record over ``max_text_chars`` is trained on in pieces of whole
+    sentences (it was left out: most records of gum, wlp, biored, nerel_ru, chinese_literature)."""
+    from training.open_data import pieces_of
+
+    text = "Aspirin eases pain . Take 40 mg twice a day . Ibuprofen 200 mg helps too ."
+    record = Example(text, [Span(text.index(m), text.index(m) + len(m), label) for m, label in
+                            (("Aspirin", "drug"), ("40 mg", "dose"), ("Ibuprofen", "drug"), ("200 mg", "dose"))], "src")
+    assert pieces_of(record, ["drug", "dose"], None) == pieces_of(record, ["drug", "dose"], len(text)) == [(record, ["drug", "dose"])]
+    pieces = pieces_of(record, ["drug", "dose"], 50)
+    assert [(piece.text, [(piece.text[s.start:s.end], s.label) for s in piece.spans], labels) for piece, labels in pieces] == [
+        ("Aspirin eases pain . Take 40 mg twice a day .", [("Aspirin", "drug"), ("40 mg", "dose")], ["drug", "dose"]),
+        ("Ibuprofen 200 mg helps too .", [("Ibuprofen", "drug"), ("200 mg", "dose")], ["drug", "dose"])]
+    assert all(piece.source == "src" for piece, _ in pieces)
+    across = Example("A long name . It goes on here .", [Span(2, 18, "thing")])  # an entity across the sentence mark
+    assert [(piece.text, piece.spans, labels) for piece, labels in pieces_of(across, ["thing", "place"], 17)] == [
+        ("A long name .", [], ["place"]), ("It goes on here .", [], ["place"])]
+
+
 def test_a_label_may_be_asked_as_users_also_write_it_and_its_spans_go_under_that_name() -> None:
     import random
 

@@ -107,8 +107,10 @@ class OpenTrainConfig(TrainConfig):
     variant_rate: float = 0.0
     chinese_names_rate: float = 0.3
     ar_rate: float = 0.25
-    #: Texts longer than this many characters are left out (the engine reads windows of a few sentences).
+    #: Texts longer than this many characters are left out (the engine reads windows of a few sentences),
+    #: or, with ``cut_long_records``, cut into pieces of whole sentences of at most that many.
     max_text_chars: int = 700
+    cut_long_records: bool = False
     #: The model reads each sentence as a window of its own (``sentence_windows`` in ``ner_model.json``),
     #: long ones cut at ``window_tokens``.
     sentence_windows: bool = False

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corpora import Example, Span, read_corpus
+from ner_service.engine.chunking import chunk_spans
 from ner_service.engine.labels import MAX_OPEN_LABELS
 
 #: Whole corpora held out of training: their records measure labels and domains never seen.
@@ -214,6 +215,10 @@ class MixtureSettings:
     variant_rate: float = 0.0  # per label: another way users write its name (NAME_VARIANTS), where it has one
     chinese_names_rate: float = 0.3  # per Resume record: its Chinese names
     ar_rate: float = 0.25  # records also given the AR query with its label list
+    #: Records longer than this many characters are cut into pieces of whole sentences of at most
+    #: that many (None: kept whole, and the trainer leaves out those over its ``max_text_chars``,
+    #: most of gum, wlp, biored, nerel_ru and chinese_literature).
+    cut_chars: int | None = None
     seed: int = 0
 
 
@@ -265,6 +270,21 @@ def _supervised_infos(corpus: str, chinese: bool) -> dict[str, LabelInfo]:
     return {raw: LabelInfo(raw, name, descriptions.get(raw)) for raw, name in names.items()}
 
 
+def pieces_of(example: Example, labels: Sequence[str], max_chars: int | None) -> list[tuple[Example, list[str]]]:
+    """``example`` with the labels it may be asked, or, when it is longer than ``max_chars``, its
+    pieces of whole sentences of at most ``max_chars`` characters (``chunk_spans``, as the engine cuts
+    texts), each with the entities wholly inside it; a label with an entity the cut runs through is
+    not asked of that piece, where its count is unknown."""
+    if max_chars is None or len(example.text) <= max_chars:
+        return [(example, list(labels))]
+    pieces = []
+    for start, end in chunk_spans(example.text, len, max_chars):
+        inside = [Span(s.start - start, s.end - start, s.label) for s in example.spans if start <= s.start and s.end <= end]
+        cut = {s.label for s in example.spans if s.start < end and start < s.end and not (start <= s.start and s.end <= end)}
+        pieces.append((Example(example.text[start:end], inside, example.source), [label for label in labels if label not in cut]))
+    return pieces
+
+
 def training_mixture(open_folder: str | Path, data_folder: str | Path, settings: MixtureSettings) -> list[OpenExample]:
     """``settings.records`` training examples: open corpora (the zero-shot ones left out) drawn by
     size to the power ``temperature``, the supervised corpora at their fixed shares."""
@@ -277,7 +297,8 @@ def training_mixture(open_folder: str | Path, data_folder: str | Path, settings:
         if corpus in ZERO_SHOT_CORPORA:
             continue
         sources = catalogue.sources(corpus)
-        records = [(example, sources[source]) for example, source in catalogue.records(corpus, "train")]
+        records = [piece for example, source in catalogue.records(corpus, "train")
+                   for piece in pieces_of(example, sources[source], settings.cut_chars)]
         if records:
             pools[corpus] = records
     weights = {corpus: len(records) ** settings.temperature for corpus, records in pools.items()}

@@ -42,7 +42,8 @@ def mixture_settings(config: OpenTrainConfig) -> MixtureSettings:
                            keep_label_min=config.keep_label_min, absent_keep=config.absent_keep, negatives_max=config.negatives_max,
                            description_rate=config.description_rate, synonym_rate=config.synonym_rate,
                            variant_rate=config.variant_rate,
-                           chinese_names_rate=config.chinese_names_rate, ar_rate=config.ar_rate, seed=config.seed)
+                           chinese_names_rate=config.chinese_names_rate, ar_rate=config.ar_rate,
+                           cut_chars=config.max_text_chars if config.cut_long_records else None, seed=config.seed)
 
 
 def open_rows(config: OpenTrainConfig, tokenizer) -> list[TrainingRow]:
