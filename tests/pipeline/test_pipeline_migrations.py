@@ -111,15 +111,8 @@ def test_jobs_stored_before_dispatch_tracking_count_as_handed_over(database_url:
     from sqlalchemy import text
     from sqlalchemy.exc import IntegrityError
 
-    from pipeline.db import alembic_config
 
-    config = alembic_config(database_url)
-    command.upgrade(config, "0003")
-    engine = get_engine(database_url)
-    with engine.begin() as connection:
-        connection.execute(text("INSERT INTO jobs (id, public_id, owner, status, total, processed, failed, model_version, strategy, "
-                                "created_at, updated_at) VALUES (3, 'p', 'local', 'queued', 1, 0, 0, 'v', 'ar', CURRENT_TIMESTAMP, "
-                                "CURRENT_TIMESTAMP)"))
+    config, engine = _a_job_stored_at(database_url, "0003", 3, "ar")
     command.upgrade(config, "0004")
     with engine.connect() as connection:
         assert connection.execute(text("SELECT dispatched_at = created_at FROM jobs WHERE id = 3")).scalar()
@@ -138,16 +131,26 @@ def test_jobs_stored_before_flat_ner_keep_flat_entities(database_url: str) -> No
     from alembic import command
     from sqlalchemy import text
 
-    from pipeline.db import alembic_config
 
-    config = alembic_config(database_url)
-    command.upgrade(config, "0006")
-    engine = get_engine(database_url)
-    with engine.begin() as connection:
-        connection.execute(text("INSERT INTO jobs (id, public_id, owner, status, total, processed, failed, model_version, strategy, "
-                                "created_at, updated_at) VALUES (4, 'p', 'local', 'queued', 1, 0, 0, 'v', 'padellm', CURRENT_TIMESTAMP, "
-                                "CURRENT_TIMESTAMP)"))
+    config, engine = _a_job_stored_at(database_url, "0006", 4, "padellm")
     command.upgrade(config, "0007")
     with engine.connect() as connection:
         assert connection.execute(text("SELECT flat_ner FROM jobs WHERE id = 4")).scalar() in (True, 1)
     command.downgrade(config, "base")
+
+
+def _a_job_stored_at(database_url: str, revision: str, job_id: int, strategy: str):
+    """The database at ``revision`` holding one queued job ``job_id``: alembic's config and the engine."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from pipeline.db import alembic_config
+
+    config = alembic_config(database_url)
+    command.upgrade(config, revision)
+    engine = get_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO jobs (id, public_id, owner, status, total, processed, failed, model_version, strategy, "
+                                "created_at, updated_at) VALUES (:id, 'p', 'local', 'queued', 1, 0, 0, 'v', :strategy, CURRENT_TIMESTAMP, "
+                                "CURRENT_TIMESTAMP)"), {"id": job_id, "strategy": strategy})
+    return config, engine
