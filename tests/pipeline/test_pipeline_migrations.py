@@ -111,7 +111,6 @@ def test_jobs_stored_before_dispatch_tracking_count_as_handed_over(database_url:
     from sqlalchemy import text
     from sqlalchemy.exc import IntegrityError
 
-
     config, engine = _a_job_stored_at(database_url, "0003", 3, "ar")
     command.upgrade(config, "0004")
     with engine.connect() as connection:
@@ -130,7 +129,6 @@ def test_jobs_stored_before_flat_ner_keep_flat_entities(database_url: str) -> No
     """0007: a job stored before ``flat_ner`` existed runs as it was asked, its entities never overlapping."""
     from alembic import command
     from sqlalchemy import text
-
 
     config, engine = _a_job_stored_at(database_url, "0006", 4, "padellm")
     command.upgrade(config, "0007")
