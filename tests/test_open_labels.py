@@ -296,7 +296,6 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
     assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"] == before
 
 
-
 def test_open_eval_scores_corpora_trained_on_asked_as_the_held_out_ones(open_model_folder: Path, data_dir: Path,
                                                                        capsys: pytest.CaptureFixture) -> None:
     """``--seen``: corpora the model trained on, their dev texts asked every name of the corpus as
