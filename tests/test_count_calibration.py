@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -123,13 +121,12 @@ def test_the_calibrated_f1_is_the_f1_the_engine_gives_with_the_chosen_biases(en_
 def test_calibrate_counts_writes_a_table_the_engine_then_uses(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
     model = tmp_path / "model"
     shutil.copytree(TINY_DIR, model)
-    done = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "calibrate-counts", str(data_dir / "conll2003" / "dev.txt"),
-                           "--model", str(model), "--limit", "32", "--write"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "| label | pairs |" in done.stdout and f"written to {model / 'ner_model.json'}" in done.stdout
-    assert "Chosen on the choose half of dev" in done.stdout and "Report half: micro-F1" in done.stdout
+    assert main(["calibrate-counts", str(data_dir / "conll2003" / "dev.txt"), "--model", str(model), "--limit", "32", "--write"]) == 0
+    done = capsys.readouterr().out
+    assert "| label | pairs |" in done and f"written to {model / 'ner_model.json'}" in done
+    assert "Chosen on the choose half of dev" in done and "Report half: micro-F1" in done
     written = json.loads((model / "ner_model.json").read_text())["count_bias"]
-    printed = json.loads(done.stdout.split("count_bias: ", 1)[1].splitlines()[0])
+    printed = json.loads(done.split("count_bias: ", 1)[1].splitlines()[0])
     assert written == printed
     engine = NEREngine.load(model)
     assert engine.count_bias == CountBias.of(written)
@@ -163,11 +160,10 @@ def test_a_lower_count_quantile_asks_for_more_mentions_and_the_chosen_one_gives_
 def test_calibrate_counts_quantile_writes_one_number_the_engine_then_uses(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
     model = tmp_path / "model"
     shutil.copytree(TINY_DIR, model)
-    done = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "calibrate-counts", str(data_dir / "conll2003" / "dev.txt"),
-                           "--model", str(model), "--limit", "24", "--quantile", "--write"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "| count quantile |" in done.stdout and f"written to {model / 'ner_model.json'}" in done.stdout
-    printed = json.loads(done.stdout.split("count_quantile: ", 1)[1].splitlines()[0])
+    assert main(["calibrate-counts", str(data_dir / "conll2003" / "dev.txt"), "--model", str(model), "--limit", "24", "--quantile", "--write"]) == 0
+    done = capsys.readouterr().out
+    assert "| count quantile |" in done and f"written to {model / 'ner_model.json'}" in done
+    printed = json.loads(done.split("count_quantile: ", 1)[1].splitlines()[0])
     assert json.loads((model / "ner_model.json").read_text())["count_quantile"] == printed
     assert NEREngine.load(model).count_quantile == printed
     assert NEREngine.load(model, count_quantile=0).count_quantile is None  # 0: back to the count bias

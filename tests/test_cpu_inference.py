@@ -27,6 +27,7 @@ from ner_service.engine.query_runners import SharedPrefixRunner
 from ner_service.engine.results import ExtractionStats
 from ner_service.engine.span_tries import SpanTries
 from ner_service.engine.strategies.padellm import PaDeLLM
+from tests.conftest import TINY_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 TEXTS = ["Peter Blackburn met John Smith in BRUSSELS .", "EU rejects German call to boycott British lamb .",
@@ -313,6 +314,31 @@ def test_the_cache_keeps_gemmas_tokenizer_with_its_vocabulary_and_without_its_co
     assert again(TEXTS[0]).input_ids == built(TEXTS[0]).input_ids and again.decode(again(TEXTS[0]).input_ids) == built.decode(built(TEXTS[0]).input_ids)
     again.save_pretrained(tmp_path / "saved")  # what training does with a loaded tokenizer
     assert AutoTokenizer.from_pretrained(tmp_path / "saved")(TEXTS[0]).input_ids == built(TEXTS[0]).input_ids
+
+
+def test_models_of_one_tokenizer_share_its_backend_and_keep_their_own_special_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tokenizer read back in one process is built once: every model of those files holds its own
+    tokenizer over one backend (Gemma 3's is about 200 MB), a special token set on one stays its
+    own, and a token added to an own copy reaches no other model."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from ner_service.engine.model_loading import cached_tokenizer, own_tokenizer
+
+    monkeypatch.setenv("PADELLM_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    shutil.copytree(TINY_DIR, folder)
+    cached_tokenizer(folder, AutoTokenizer.from_pretrained)  # built and written to the cache
+    first, second = (NEREngine.load(folder).ner_model.tokenizer for _ in range(2))
+    assert first is not second and first.backend_tokenizer is second.backend_tokenizer
+    assert first(TEXTS[0]).input_ids == AutoTokenizer.from_pretrained(folder)(TEXTS[0]).input_ids
+    second.sep_token = second.eos_token
+    assert second.sep_token == "<eos>" and first.sep_token is None
+    masked = own_tokenizer(second)
+    masked.add_special_tokens({"mask_token": "<mask-for-the-test>"})
+    assert len(masked) == len(first) + 1 and len(second) == len(first) and masked.backend_tokenizer is not first.backend_tokenizer
+    assert NEREngine.load(folder).ner_model.tokenizer.mask_token is None
 
 
 def test_a_vocabulary_is_built_once_per_tokenizer_and_again_after_a_token_is_added(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

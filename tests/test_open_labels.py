@@ -288,9 +288,9 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
     assert asked["described"] is True and set(asked["scores"]) == set(result["scores"])
 
     before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]
-    fitted = subprocess.run([*common, "--calibrate", "--write"], capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert fitted.returncode == 0, fitted.stderr
-    assert "| padellm |" in fitted.stdout and "written to" in fitted.stdout
+    assert open_eval.main([*common[3:], "--calibrate", "--write"]) == 0
+    fitted = capsys.readouterr().out
+    assert "| padellm |" in fitted and "written to" in fitted
     stored = json.loads((model / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]
     assert set(stored["padellm"]) == {"slope", "intercept"} and set(stored) == set(before) | {"padellm"}
     assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"] == before
@@ -318,9 +318,11 @@ def test_open_eval_scores_corpora_trained_on_asked_as_the_held_out_ones(open_mod
 
 @pytest.mark.slow
 def test_open_eval_chooses_a_count_quantile_on_unseen_labels_and_reports_it_on_other_texts(open_model_folder: Path, data_dir: Path,
-                                                                                       tmp_path: Path) -> None:
+                                                                                       tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """``--choose-quantile --write``: the count quantile of the best zero-shot average on the texts
     after the reported ones, its table, and the choice stored only in the copy's ``ner_model.json``."""
+    from training import open_eval
+
     model = _writable_copy(open_model_folder, tmp_path / "model")
     before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")).get("count_quantile")
     command = [sys.executable, "-m", "training.open_eval", str(model), "--data", str(data_dir), "--limit", "1", "--choose-limit", "1",
@@ -332,16 +334,18 @@ def test_open_eval_chooses_a_count_quantile_on_unseen_labels_and_reports_it_on_o
     printed = json.loads(chosen.stdout.split("count_quantile: ", 1)[1].splitlines()[0])
     assert printed in (before, 0.6, 0.3) and json.loads((model / "ner_model.json").read_text(encoding="utf-8")).get("count_quantile") == printed
     assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")).get("count_quantile") == before
-    refused = subprocess.run([*command[:-3], "0.6,7", "--choose-quantile"], capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert refused.returncode == 2 and "probability in (0, 1]" in refused.stderr and "Traceback" not in refused.stderr
+    with pytest.raises(SystemExit) as refused:  # before the model loads
+        open_eval.main([*command[3:-3], "0.6,7", "--choose-quantile"])
+    assert refused.value.code == 2 and "probability in (0, 1]" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_open_windows_chooses_how_an_open_model_reads_on_texts_it_does_not_report(open_model_folder: Path, data_dir: Path,
-                                                                                tmp_path: Path) -> None:
+                                                                                tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """``python -m training.open_windows``: every setting scored on the choosing texts (zero-shot and
     supervised), the chosen one reported beside the model's own, and with ``--write`` stored only in
     the copy's ``ner_model.json``; a bad setting is a clear exit 2."""
+    from training import open_windows
     from training.open_windows import WindowSetting, parse_window_grid
 
     assert parse_window_grid("160, s48,s48") == [WindowSetting(False, 160), WindowSetting(True, 48)]
@@ -357,5 +361,6 @@ def test_open_windows_chooses_how_an_open_model_reads_on_texts_it_does_not_repor
     stored = json.loads((model / "ner_model.json").read_text(encoding="utf-8"))
     assert name in ("s8", "160") and (stored["sentence_windows"], stored["window_tokens"]) == ((True, 8) if name == "s8" else (False, 160))
     assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")) == before
-    refused = subprocess.run([*command[:-2], "s48,fortyeight"], capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert refused.returncode == 2 and "'fortyeight' is no window setting" in refused.stderr and "Traceback" not in refused.stderr
+    with pytest.raises(SystemExit) as refused:  # before the model loads
+        open_windows.main([*command[3:-2], "s48,fortyeight"])
+    assert refused.value.code == 2 and "'fortyeight' is no window setting" in capsys.readouterr().err

@@ -39,7 +39,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrai
 from general_decoding.base import left_pad
 from general_decoding.diffusion.layout import bidirectional_mask, causal_prompt_mask
 from ner_service.engine import NERModelConfig, prompts
-from ner_service.engine.model_loading import load_causal_lm
+from ner_service.engine.model_loading import load_causal_lm, own_tokenizer
 from ner_service.engine.ner_model import NERModel
 from corpora import Example, labels_of, read_corpus
 from training.configs import INITS, DiffusionConfig
@@ -159,6 +159,7 @@ def _init_model(config: DiffusionConfig, examples: list[Example], labels: list[s
     if config.init == "smollm2":
         model, tokenizer = load_causal_lm(config.base)
         if tokenizer.mask_token is None:
+            tokenizer = own_tokenizer(tokenizer)  # the base's other models keep their vocabulary
             tokenizer.add_special_tokens({"mask_token": MASK})
             model.resize_token_embeddings(len(tokenizer))
     else:

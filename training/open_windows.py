@@ -142,7 +142,7 @@ def choose_open_windows(engine: NEREngine, data: Path, grid: Sequence[WindowSett
     return WindowChoice(tried, chosen, was, report)
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="an open model (a shipped name or folder)")
     parser.add_argument("--data", default="../shared/data", help="the folder holding open/, conll2003/ and resume/")
@@ -153,7 +153,7 @@ def main() -> int:
                                                                     "(default: %(default)s)")
     parser.add_argument("--supervised-limit", type=int, default=None, help="texts of each supervised half (default: all)")
     parser.add_argument("--write", action="store_true", help="store the chosen setting in the model's ner_model.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         grid = parse_window_grid(args.windows)
     except ValueError as error:
