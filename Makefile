@@ -4,6 +4,8 @@
 # tests marked slow) are for a change in progress; CI runs lint, then the whole suite.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The suite runs in TEST_WORKERS processes, one torch thread each (tests/conftest.py), a test file to each.
+TEST_WORKERS ?= 2
 TEXT ?= Angela Merkel met Emmanuel Macron in Paris to discuss the European Union budget .
 
 .PHONY: install run test test-fast lint bench
@@ -22,7 +24,7 @@ run: install
 	$(VENV)/bin/padellm-ner extract "$(TEXT)"
 
 test: install
-	$(PY) -m pytest -q -ra --durations=15
+	$(PY) -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
 	$(PY) -m pytest -q -ra -m "not slow"

@@ -133,16 +133,23 @@ def test_behind_a_cached_prefix_equals_greedy(tiny_engine, name: str) -> None:
     assert results[1].tokens == results[0].tokens
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", LOSSLESS)
-def test_shipped_model_decoders_equal_greedy(en_engine, name: str) -> None:
+@pytest.fixture(scope="module")
+def shipped_greedy(en_engine) -> list[tuple[list[int], list[list[int]]]]:
+    """The shipped model's first 8 query rows and greedy's tokens for each, decoded once for every
+    decoder compared with them."""
     model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
     stop = StopCriteria(48, frozenset({tokenizer.eos_token_id}))
-    rows = _queries(tokenizer)[:3 if name == "speculative" else 8]  # a draft model as large as the model: each row costs twice
-    for row in rows:
-        expected = _run(get_decoder("greedy"), model, [row], stop, 0)
-        got = _run(_decoder(name, model), model, [row], stop, 0)
-        assert got.tokens == expected.tokens
+    return [(row, _run(get_decoder("greedy"), model, [row], stop, 0).tokens) for row in _queries(tokenizer)[:8]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LOSSLESS)
+def test_shipped_model_decoders_equal_greedy(en_engine, shipped_greedy, name: str) -> None:
+    model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
+    stop = StopCriteria(48, frozenset({tokenizer.eos_token_id}))
+    rows = shipped_greedy[:3 if name == "speculative" else 8]  # a draft model as large as the model: each row costs twice
+    for row, expected in rows:
+        assert _run(_decoder(name, model), model, [row], stop, 0).tokens == expected
 
 
 @pytest.mark.slow
@@ -172,14 +179,21 @@ def test_speculative_without_a_draft_model_is_a_clear_error() -> None:
         get_decoder("speculative")
 
 
+def _spans(extractions) -> list[list[tuple[int, int, str]]]:
+    return [[(e.start, e.end, e.label) for e in x.entities] for x in extractions]
+
+
+@pytest.fixture(scope="module")
+def greedy_entities(en_engine) -> dict[str, list[list[tuple[int, int, str]]]]:
+    """The shipped model's entities in the first 5 texts under each strategy with the greedy decoder."""
+    return {strategy: _spans(en_engine.extract(TEXTS[:5], strategy=strategy)) for strategy in ("padellm", "ar")}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["jacobi", "gs_jacobi", "anpd", "lookahead", "copy"])
-def test_engine_backends_give_the_greedy_entities(en_engine, name: str) -> None:
-    texts = TEXTS[:5]
-    for strategy in ("padellm", "ar"):
-        expected = [r.entities for r in en_engine.extract(texts, strategy=strategy)]
-        got = [r.entities for r in en_engine.extract(texts, strategy=strategy, decoder=name)]
-        assert [[(e.start, e.end, e.label) for e in g] for g in got] == [[(e.start, e.end, e.label) for e in x] for x in expected]
+def test_engine_backends_give_the_greedy_entities(en_engine, greedy_entities, name: str) -> None:
+    for strategy, expected in greedy_entities.items():
+        assert _spans(en_engine.extract(TEXTS[:5], strategy=strategy, decoder=name)) == expected
 
 
 @pytest.mark.slow
