@@ -17,11 +17,11 @@ os.environ["NER_MODEL"] = "tiny-conll03"
 #: ``make test`` runs the suite in two pytest-xdist workers ("gw0", "gw1"), a test file to each: each
 #: worker has its own Redis db and one torch thread (inherited by the processes its tests start), so
 #: that two processes keep two cores busy where one process's second thread would often wait.
-WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-if WORKER:
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER:
     os.environ.setdefault("NER_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-_WORKER_DB = 13 + (int(WORKER.removeprefix("gw")) if WORKER.startswith("gw") else 0)
+_WORKER_DB = 13 + (int(_WORKER.removeprefix("gw")) if _WORKER.startswith("gw") else 0)
 os.environ["REDIS_URL"] = os.environ.get("PADELLM_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{_WORKER_DB}")  # another db for a second checkout
 os.environ["PIPELINE_CHUNK_SIZE"] = "4"
 # The entry points load models in NER_DTYPE, by default auto (bfloat16 on a CPU with bfloat16

@@ -272,7 +272,8 @@ def test_blocks_started_from_the_block_befores_cache_run_narrow_and_keep_the_ans
         reused = _run(BlockDiffusionSampler(8, LeftToRightUnmasking(0.9), cache="dual", full_forward_every=3), batch)
     finally:
         hook.remove()
-    assert reused.tokens == exact.tokens and reused.forward_passes == exact.forward_passes
+    # the same answers; a block may take a step fewer or more, as the stale suffix moves its confidences
+    assert reused.tokens == exact.tokens
     starts = [w for w in widths if w > 8]
     assert len(starts) == len(full_starts) >= 3  # one forward wider than a block per block start, as before
     assert starts[0] == full_starts[0] >= batch["answer_length"]  # the first runs the whole answer

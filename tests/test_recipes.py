@@ -20,25 +20,27 @@ CORPORA = ("conll2003", "resume", "weibo")
 
 def _head(source: Path, target: Path, sentences: int, shortest: bool = False) -> None:
     """The first ``sentences`` blank-line separated blocks of a corpus file, or (``shortest``) the
-    shortest ones that hold an entity, after a leading ``-DOCSTART-`` (an undertrained model's dev
-    answers run to the length their text allows: short texts keep a smoke run's dev scoring short)."""
+    ``sentences`` shortest ones that hold an entity, after a leading ``-DOCSTART-`` (an undertrained
+    model's dev answers run to the length their text allows: short texts keep a smoke run's dev
+    scoring short)."""
     blocks = [b for b in source.read_text(encoding="utf-8").split("\n\n") if b.strip()]
     if shortest:
         start = blocks[:1] if blocks[0].startswith("-DOCSTART-") else []
         tagged = [b for b in blocks if any(line.split()[-1] != "O" for line in b.splitlines() if line.strip())]
-        blocks = start + sorted((b for b in tagged if not b.startswith("-DOCSTART-")), key=len)
-    blocks = blocks[:sentences]
+        blocks = start + sorted((b for b in tagged if not b.startswith("-DOCSTART-")), key=len)[:sentences]
+    else:
+        blocks = blocks[:sentences]
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n\n".join(blocks) + "\n\n", encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
 def small_data(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shared corpora's layout with 12 training and 2 short dev sentences per corpus (CoNLL-03: a -DOCSTART- and one)."""
+    """The shared corpora's layout with 12 training sentences and the shortest dev sentence per corpus (CoNLL-03: after a -DOCSTART-)."""
     folder = tmp_path_factory.mktemp("data")
     for corpus in CORPORA:
         _head(data_dir / corpus / "train.txt", folder / corpus / "train.txt", 12)
-        _head(data_dir / corpus / "dev.txt", folder / corpus / "dev.txt", 2, shortest=True)  # dev scoring is most of a smoke run
+        _head(data_dir / corpus / "dev.txt", folder / corpus / "dev.txt", 1, shortest=True)  # dev scoring is most of a smoke run
     (folder / "open").mkdir()
     shutil.copy(data_dir / "open" / "labels.tsv", folder / "open" / "labels.tsv")
     for corpus in ("scierc", "snips", "cluener"):  # the open recipe's corpora: three of them, 12 records each

@@ -213,12 +213,15 @@ def _file_digest(path: Path) -> str:
 #: a tokenizer sharing its backend (:data:`_shared_with`), and the last one read a while longer.
 _read_in_process: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _shared_with: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_last_read: list = []  # a recipe's next stage, or a model loaded again, reads it back at once
+#: Kept a while longer: a recipe's next stage, or a model loaded again, reads it back at once.
+_last_read: PreTrainedTokenizerBase | None = None
 
 
 def _read_cached_tokenizer(path: Path, folder: Path) -> PreTrainedTokenizerBase | None:
     """The tokenizer kept at ``path`` as read from ``folder`` (its ``name_or_path``), or None."""
     import pickle
+
+    global _last_read
 
     try:
         stat = path.stat()
@@ -231,7 +234,7 @@ def _read_cached_tokenizer(path: Path, folder: Path) -> PreTrainedTokenizerBase 
             _vocabularies[read] = _Vocabulary(len(read), cached.vocabulary)
     except Exception:  # noqa: BLE001 - missing, or written by another version: build it
         return None
-    _last_read[:] = [read]
+    _last_read = read
     return _shared_tokenizer(read, folder)
 
 
