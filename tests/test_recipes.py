@@ -205,26 +205,13 @@ def test_unknown_recipe_and_missing_data_are_clear_errors(tmp_path: Path, capsys
         main(["train", "--recipe", "tiny-conll03", "--lr", "0.1"])
 
 
-#: Recipes whose smoke run another's covers: their stages are the first stages of that recipe
-#: (checked below). Each smoke run of a Gemma recipe takes a minute or more of CI.
-SMOKE_RUN_BY: dict[str, str] = {}
-
-
-@pytest.mark.parametrize(("name", "covering"), sorted(SMOKE_RUN_BY.items()))
-def test_a_recipe_without_a_smoke_run_is_the_beginning_of_one_with_it(name: str, covering: str, small_data: Path, tmp_path: Path) -> None:
-    mine, theirs = load_recipe(name).model_dump()["stages"], load_recipe(covering).model_dump()["stages"]
-    assert mine == theirs[:len(mine)]
-    assert len(stage_configs(load_recipe(name), RecipeRun(small_data, tmp_path / name))) == len(mine)
-
-
 def _smoke_runs() -> list:
-    """Every recipe without a covering smoke run; one of many stages gets 5 minutes a stage (a
-    Gemma stage's smoke run, dev scoring included, takes one or two on two busy cores)."""
+    """Every recipe; one of many stages gets 5 minutes a stage (a Gemma stage's smoke run, dev
+    scoring included, takes one or two on two busy cores)."""
     runs = []
     for name in recipe_names():
-        if name not in SMOKE_RUN_BY:
-            stages = len(load_recipe(name).stages)
-            runs.append(pytest.param(name, marks=pytest.mark.timeout(300 * stages)) if stages > 2 else name)
+        stages = len(load_recipe(name).stages)
+        runs.append(pytest.param(name, marks=pytest.mark.timeout(300 * stages)) if stages > 2 else name)
     return runs
 
 
