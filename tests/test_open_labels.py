@@ -270,8 +270,8 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
     from training.open_data import ZERO_SHOT_CORPORA
 
     model = _writable_copy(open_model_folder, tmp_path / "model")
-    common = [sys.executable, "-m", "training.open_eval", str(model), "--data", str(data_dir), "--limit", "2"]
-    scored = subprocess.run([*common, "--supervised-limit", "3", "--json", str(tmp_path / "eval.jsonl")],
+    common = [str(model), "--data", str(data_dir), "--limit", "2"]
+    scored = subprocess.run([sys.executable, "-m", "training.open_eval", *common, "--supervised-limit", "3", "--json", str(tmp_path / "eval.jsonl")],
                             capture_output=True, text=True, cwd=REPO, timeout=600)
     assert scored.returncode == 0, scored.stderr
     [line] = (tmp_path / "eval.jsonl").read_text(encoding="utf-8").splitlines()
@@ -283,12 +283,12 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
         assert score["micro_f1"] == pytest.approx(2 * p * r / (p + r) if p + r else 0.0, abs=0.02)
     assert result["zero_shot_average"] == pytest.approx(sum(result["scores"][c]["micro_f1"] for c in ZERO_SHOT_CORPORA) / 7, abs=0.01)
     assert result["described"] is False
-    assert open_eval.main([*common[3:], "--supervised-limit", "1", "--described"]) == 0  # in this process: one start is enough
+    assert open_eval.main([*common, "--supervised-limit", "1", "--described"]) == 0  # in this process: one start is enough
     asked = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert asked["described"] is True and set(asked["scores"]) == set(result["scores"])
 
     before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]
-    assert open_eval.main([*common[3:], "--calibrate", "--write"]) == 0
+    assert open_eval.main([*common, "--calibrate", "--write"]) == 0
     fitted = capsys.readouterr().out
     assert "| padellm |" in fitted and "written to" in fitted
     stored = json.loads((model / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]
@@ -325,9 +325,9 @@ def test_open_eval_chooses_a_count_quantile_on_unseen_labels_and_reports_it_on_o
 
     model = _writable_copy(open_model_folder, tmp_path / "model")
     before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")).get("count_quantile")
-    command = [sys.executable, "-m", "training.open_eval", str(model), "--data", str(data_dir), "--limit", "1", "--choose-limit", "1",
-               "--quantiles", "0.6,0.3", "--choose-quantile", "--write"]
-    chosen = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    common = [str(model), "--data", str(data_dir), "--limit", "1", "--choose-limit", "1"]
+    chosen = subprocess.run([sys.executable, "-m", "training.open_eval", *common, "--quantiles", "0.6,0.3", "--choose-quantile", "--write"],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
     assert chosen.returncode == 0, chosen.stderr
     assert "| count quantile | zero-shot average, choosing texts |" in chosen.stdout and "| **average** |" in chosen.stdout
     assert "| 0.6" in chosen.stdout and "| 0.3" in chosen.stdout
@@ -335,7 +335,7 @@ def test_open_eval_chooses_a_count_quantile_on_unseen_labels_and_reports_it_on_o
     assert printed in (before, 0.6, 0.3) and json.loads((model / "ner_model.json").read_text(encoding="utf-8")).get("count_quantile") == printed
     assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")).get("count_quantile") == before
     with pytest.raises(SystemExit) as refused:  # before the model loads
-        open_eval.main([*command[3:-3], "0.6,7", "--choose-quantile"])
+        open_eval.main([*common, "--quantiles", "0.6,7", "--choose-quantile"])
     assert refused.value.code == 2 and "probability in (0, 1]" in capsys.readouterr().err
 
 
@@ -351,9 +351,9 @@ def test_open_windows_chooses_how_an_open_model_reads_on_texts_it_does_not_repor
     assert parse_window_grid("160, s48,s48") == [WindowSetting(False, 160), WindowSetting(True, 48)]
     model = _writable_copy(open_model_folder, tmp_path / "model")
     before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))
-    command = [sys.executable, "-m", "training.open_windows", str(model), "--data", str(data_dir), "--limit", "1", "--choose-limit", "1",
-               "--supervised-limit", "2", "--windows", "s8,160", "--write"]
-    chosen = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    common = [str(model), "--data", str(data_dir), "--limit", "1", "--choose-limit", "1", "--supervised-limit", "2"]
+    chosen = subprocess.run([sys.executable, "-m", "training.open_windows", *common, "--windows", "s8,160", "--write"],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
     assert chosen.returncode == 0, chosen.stderr
     assert "| windows | zero-shot, choosing texts | conll2003, choosing texts | resume, choosing texts | mean |" in chosen.stdout
     assert "| s8" in chosen.stdout and "| 160" in chosen.stdout and "| zero-shot |" in chosen.stdout
@@ -362,5 +362,5 @@ def test_open_windows_chooses_how_an_open_model_reads_on_texts_it_does_not_repor
     assert name in ("s8", "160") and (stored["sentence_windows"], stored["window_tokens"]) == ((True, 8) if name == "s8" else (False, 160))
     assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")) == before
     with pytest.raises(SystemExit) as refused:  # before the model loads
-        open_windows.main([*command[3:-2], "s48,fortyeight"])
+        open_windows.main([*common, "--windows", "s48,fortyeight"])
     assert refused.value.code == 2 and "'fortyeight' is no window setting" in capsys.readouterr().err
