@@ -84,19 +84,19 @@ class PadeLLMNER:
         return f"PadeLLMNER({self.name!r}, labels={self.labels})"
 
 
-def load(model: str | Path = "en-conll03", device: str = "cpu", dtype: str = "float32", strategy: str | None = None,
+def load(model: str | Path = "en-conll03", device: str = "cpu", dtype: str | None = None, strategy: str | None = None,
          decoder: str | None = None, **engine_options: Any) -> PadeLLMNER:
     """A shipped model by name (``padellm-ner models`` lists them) or a folder holding
     ``ner_model.json`` (what ``padellm-ner train`` writes), on ``device`` in ``dtype``
-    ("float32" or "bfloat16"). ``strategy`` and ``decoder`` are the defaults of its calls;
-    ``engine_options`` go to :class:`ner_service.engine.NEREngine` (``count_bias``, ...)."""
-    import torch
-
+    ("auto", "float32" or "bfloat16"; by default what the command line and the API load in:
+    ``NER_DTYPE``, else auto, bfloat16 on a CPU with bfloat16 instructions, as the model cards
+    measure). ``strategy`` and ``decoder`` are the defaults of its calls; ``engine_options`` go
+    to :class:`ner_service.engine.NEREngine` (``count_bias``, ...)."""
     from ner_service.engine import NEREngine
+    from ner_service.engine.cpu import configured_dtype, torch_dtype
 
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be 'float32' or 'bfloat16', not {dtype!r}")
-    engine = NEREngine.load(model, dtype=getattr(torch, dtype), device=device, **engine_options)
+    engine = NEREngine.load(model, dtype=torch_dtype(configured_dtype() if dtype is None else dtype, device), device=device,
+                            **engine_options)
     ner = PadeLLMNER(engine, strategy, decoder)
     engine.options(None, strategy, decoder)  # a strategy or decoder the model cannot run is refused now, not at the first text
     return ner

@@ -63,3 +63,18 @@ def test_batch_is_predict_of_each_text_and_labels_are_checked(ner) -> None:
 def test_load_refuses_what_the_model_cannot_run() -> None:
     with pytest.raises(InvalidOptionsError, match="fast_dllm|diffusion"):
         padellm_ner.load("tiny-conll03", strategy="fast_dllm")
+
+
+def test_load_takes_the_dtype_the_other_entry_points_take(monkeypatch) -> None:
+    import torch
+
+    from ner_service.engine.cpu import cpu_has_bfloat16
+
+    monkeypatch.delenv("NER_DTYPE", raising=False)  # the entry points' default: auto
+    auto = torch.bfloat16 if cpu_has_bfloat16() else torch.float32
+    assert next(padellm_ner.load("tiny-conll03").engine.ner_model.model.parameters()).dtype == auto
+    monkeypatch.setenv("NER_DTYPE", "bfloat16")
+    assert next(padellm_ner.load("tiny-conll03").engine.ner_model.model.parameters()).dtype == torch.bfloat16
+    assert next(padellm_ner.load("tiny-conll03", dtype="float32").engine.ner_model.model.parameters()).dtype == torch.float32
+    with pytest.raises(ValueError, match="float16"):
+        padellm_ner.load("tiny-conll03", dtype="float16")
