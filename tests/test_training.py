@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from ner_service.engine import prompts
 from corpora import Example, Span, labels_of, read_corpus
 from training.examples import IGNORE, build_row, query_answers
-from training.loss import anchored_loss, answer_loss
+from training.loss import answer_loss
 from training.trainer import TrainConfig, prepare_model, train
 
 EXAMPLE = Example("Peter met Anna in Paris", [Span(0, 5, "PER"), Span(10, 14, "PER"), Span(18, 23, "LOC")])
@@ -97,29 +97,6 @@ def test_packed_loss_equals_the_loss_of_separate_sequences(tiny_engine) -> None:
             losses += torch.nn.functional.cross_entropy(logits, torch.tensor(a), reduction="sum").item()
             count += len(a)
     assert packed.item() == pytest.approx(losses / count, rel=1e-4)
-
-
-def test_the_anchored_loss_is_the_answer_loss_plus_the_divergence_of_the_anchored_rows_answers(tiny_engine) -> None:
-    import copy
-
-    model, tokenizer = tiny_engine.ner_model.model, tiny_engine.ner_model.tokenizer
-    rows = [build_row(EXAMPLE, ["PER"], tokenizer, ["padellm"]), build_row(Example("Anna lives in Paris", [Span(14, 19, "LOC")]),
-                                                                        ["PER", "LOC"], tokenizer, ["padellm"])]
-    eos = tokenizer.eos_token_id
-    anchor = copy.deepcopy(model)
-    with torch.inference_mode():
-        plain = answer_loss(model, rows, eos).item()
-        for flags in ([False, False], [True, False], [True, True]):  # the anchor is the model: no divergence
-            assert anchored_loss(model, anchor, rows, flags, 1.0, eos).item() == pytest.approx(plain, rel=1e-4)
-        for p in anchor.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-        unanchored = anchored_loss(model, anchor, rows, [False, False], 1.0, eos).item()
-        first = anchored_loss(model, anchor, rows, [True, False], 1.0, eos).item()
-        both = anchored_loss(model, anchor, rows, [True, True], 1.0, eos).item()
-        doubled = anchored_loss(model, anchor, rows, [True, True], 2.0, eos).item()
-    assert unanchored == pytest.approx(plain, rel=1e-4)  # the anchor weighs only on the rows flagged
-    assert plain < first and plain < both
-    assert doubled - plain == pytest.approx(2 * (both - plain), rel=1e-3)
 
 
 def _jsonl(path: Path, n: int) -> Path:

@@ -111,10 +111,6 @@ class OpenTrainConfig(TrainConfig):
     #: or, with ``cut_long_records``, cut into pieces of whole sentences of at most that many.
     max_text_chars: int = 700
     cut_long_records: bool = False
-    #: Weight of the KL divergence from the model the run starts from to the model trained, on the
-    #: supervised corpora's answers (0: off): a run that trains a model further moves its answers
-    #: on the supervised tasks only as far as this term lets them, the open corpora's freely.
-    supervised_anchor: float = 0.0
     #: The model reads each sentence as a window of its own (``sentence_windows`` in ``ner_model.json``),
     #: long ones cut at ``window_tokens``.
     sentence_windows: bool = False

@@ -24,22 +24,6 @@ def packed_loss(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tens
     weighted per target when ``weights`` are given; the LM head runs on the target positions only.
     With ``frozen_hidden`` (the hidden states entering layer ``first_layer``), only the layers from
     ``first_layer`` on run."""
-    logits, wanted, selected = packed_logits(model, ids, positions, mask, targets, frozen_hidden, first_layer, vocabulary)
-    if weights is None or all(w is None for w in weights):
-        return torch.nn.functional.cross_entropy(logits, wanted)
-    scale = torch.zeros(ids.shape)
-    for i, (row, row_weights) in enumerate(zip(targets, weights)):
-        scale[i, : len(row)] = torch.tensor(row_weights) if row_weights is not None else (torch.tensor(row) != IGNORE).float()
-    scale = scale.to(logits.device)[selected]
-    losses = torch.nn.functional.cross_entropy(logits, wanted, reduction="none")
-    return (losses * scale).sum() / scale.sum().clamp(min=1e-9)
-
-
-def packed_logits(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                  targets: list[list[int]], frozen_hidden: torch.Tensor | None = None, first_layer: int = 0,
-                  vocabulary: KeptVocabulary | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The float logits at the target positions of collated packed rows (over the kept vocabulary
-    where one is given), the targets (its indices), and the mask of those positions."""
     lm = inner_model(model)
     padded = torch.full(ids.shape, IGNORE, dtype=torch.long)
     for i, row in enumerate(targets):
@@ -54,8 +38,17 @@ def packed_logits(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Te
     selected = padded.to(device) != IGNORE
     wanted = padded.to(device)[selected]
     if vocabulary is None:
-        return lm.get_output_embeddings()(hidden[selected]).float(), wanted, selected
-    return vocabulary.logits(hidden[selected], lm.get_output_embeddings()).float(), vocabulary.indices(wanted), selected
+        logits = lm.get_output_embeddings()(hidden[selected]).float()
+    else:
+        logits, wanted = vocabulary.logits(hidden[selected], lm.get_output_embeddings()).float(), vocabulary.indices(wanted)
+    if weights is None or all(w is None for w in weights):
+        return torch.nn.functional.cross_entropy(logits, wanted)
+    scale = torch.zeros(ids.shape)
+    for i, (row, row_weights) in enumerate(zip(targets, weights)):
+        scale[i, : len(row)] = torch.tensor(row_weights) if row_weights is not None else (torch.tensor(row) != IGNORE).float()
+    scale = scale.to(device)[selected]
+    losses = torch.nn.functional.cross_entropy(logits, wanted, reduction="none")
+    return (losses * scale).sum() / scale.sum().clamp(min=1e-9)
 
 
 def answer_loss(model: torch.nn.Module, rows: list[TrainingRow], pad_token_id: int,
@@ -64,34 +57,6 @@ def answer_loss(model: torch.nn.Module, rows: list[TrainingRow], pad_token_id: i
     """Cross-entropy on answer tokens of packed PaDeLLM/AR rows (weighted by the rows' weights)."""
     ids, positions, mask = collate_parent_trees([r.tree for r in rows], pad_token_id, dtype=next(inner_model(model).parameters()).dtype)
     return packed_loss(model, ids, positions, mask, [r.targets for r in rows], [r.weights for r in rows], frozen_hidden, first_layer, vocabulary)
-
-
-def anchored_loss(model: torch.nn.Module, anchor: torch.nn.Module, rows: list[TrainingRow], anchored: list[bool],
-                  weight: float, pad_token_id: int, vocabulary: KeptVocabulary | None = None) -> torch.Tensor:
-    """Mean cross-entropy on the answers of ``rows`` (unweighted rows) plus ``weight`` times the KL
-    divergence from ``anchor`` (a frozen copy of the model as the run began) to ``model`` at the
-    answers of the rows flagged ``anchored``: those answers keep to the anchor's distribution as
-    well as to gold. The two groups of rows run as two packed batches."""
-    if any(r.weights is not None for r in rows):
-        raise ValueError("anchored rows carry no loss weights")
-    dtype = next(inner_model(model).parameters()).dtype
-    summed, answers, divergence = torch.zeros(()), 0, None
-    for flag in (False, True):
-        group = [row for row, is_anchored in zip(rows, anchored) if is_anchored is flag]
-        if not group:
-            continue
-        ids, positions, mask = collate_parent_trees([r.tree for r in group], pad_token_id, dtype=dtype)
-        targets = [r.targets for r in group]
-        logits, wanted, _ = packed_logits(model, ids, positions, mask, targets, vocabulary=vocabulary)
-        summed = summed.to(logits.device) + torch.nn.functional.cross_entropy(logits, wanted, reduction="sum")
-        answers += len(wanted)
-        if flag:
-            with torch.no_grad():
-                reference, _, _ = packed_logits(anchor, ids, positions, mask, targets, vocabulary=vocabulary)
-            divergence = torch.nn.functional.kl_div(torch.log_softmax(logits, -1), torch.log_softmax(reference, -1),
-                                                    log_target=True, reduction="batchmean")
-    loss = summed / max(answers, 1)
-    return loss if divergence is None else loss + weight * divergence
 
 
 def optimizer_step(loss: torch.Tensor, parameters: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,

@@ -10,13 +10,12 @@ starts training at once; a snapshot of the trained weights is written every
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import pickle
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ from ner_service.engine.ner_model import SELF_CONTAINED
 from training.configs import OpenTrainConfig
 from training.examples import TrainingRow, build_row
 from training.loop import LoopSettings, run_loop
-from training.loss import anchored_loss, answer_loss, inner_model
+from training.loss import answer_loss, inner_model
 from training.open_data import MixtureSettings, training_mixture
 from training.precision import resolve_precision
 from training.trainer import prepare_model, save_model
@@ -47,35 +46,24 @@ def mixture_settings(config: OpenTrainConfig) -> MixtureSettings:
                            cut_chars=config.max_text_chars if config.cut_long_records else None, seed=config.seed)
 
 
-@dataclass(frozen=True)
-class OpenRows:
-    """The run's training rows, and which of them come from a supervised corpus (``supervised_shares``)."""
-
-    rows: list[TrainingRow]
-    supervised: list[bool]
-
-
-def open_rows(config: OpenTrainConfig, tokenizer) -> OpenRows:
+def open_rows(config: OpenTrainConfig, tokenizer) -> list[TrainingRow]:
     """The run's training rows, built once and cached in its checkpoint folder (keyed by the settings
     that make them): a resumed run reads them back."""
     settings = mixture_settings(config)
     key = hashlib.sha256(json.dumps([asdict(settings), config.max_text_chars, config.train, tokenizer.name_or_path],
                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
-    cache = Path(config.output) / "checkpoint" / f"open-rows-{key}.pickle"
+    cache = Path(config.output) / "checkpoint" / f"rows-{key}.pickle"
     if cache.is_file():
         return pickle.loads(cache.read_bytes())
     folder = Path(config.train)
     mixture = [e for e in training_mixture(folder, folder.parent, settings) if len(e.example.text) <= config.max_text_chars]
-    supervised_corpora = {relative.split("/")[0] for relative in settings.supervised_shares}
-    built = OpenRows([build_row(e.example, e.labels, tokenizer, ("padellm", "ar") if e.ar else ("padellm",),
-                                past_count=config.past_count_queries, listed_labels=True)
-                      for e in tqdm(mixture, desc="build rows", unit="text")],
-                     [e.corpus in supervised_corpora for e in mixture])
+    rows = [build_row(e.example, e.labels, tokenizer, ("padellm", "ar") if e.ar else ("padellm",), past_count=config.past_count_queries,
+                      listed_labels=True) for e in tqdm(mixture, desc="build rows", unit="text")]
     cache.parent.mkdir(parents=True, exist_ok=True)
     partial = cache.with_suffix(".partial")
-    partial.write_bytes(pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL))
+    partial.write_bytes(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
     partial.replace(cache)
-    return built
+    return rows
 
 
 def open_ner_config(config: OpenTrainConfig, tokenizer) -> NERModelConfig:
@@ -95,9 +83,7 @@ def train_open(config: OpenTrainConfig) -> dict:
     output.mkdir(parents=True, exist_ok=True)
     (output / RUN_CONFIG).write_text(json.dumps(asdict(config), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")  # for snapshots
     model, tokenizer, first_layer = prepare_model(config)
-    anchor = frozen_copy(model) if config.supervised_anchor else None  # as the run began, also when it resumes
-    built = open_rows(config, tokenizer)
-    rows = built.rows
+    rows = open_rows(config, tokenizer)
     ner_config = open_ner_config(config, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     vocabulary = KeptVocabulary.of((t for r in rows for t in r.input_ids), tokenizer) if config.kept_vocabulary else None
@@ -108,9 +94,6 @@ def train_open(config: OpenTrainConfig) -> dict:
 
     def batch_loss(batch: list[int]) -> torch.Tensor:
         with precision.autocast(config.device):  # the layers below ``first_layer`` get no gradient and keep no activations
-            if anchor is not None:
-                return anchored_loss(model, anchor, [rows[i] for i in batch], [built.supervised[i] for i in batch],
-                                     config.supervised_anchor, pad, vocabulary)
             return answer_loss(model, [rows[i] for i in batch], pad, None, 0, vocabulary)
 
     def snapshot(state: dict) -> None:
@@ -128,13 +111,6 @@ def train_open(config: OpenTrainConfig) -> dict:
     summary = save_model(model, tokenizer, config, ner_config, state)
     summary["wall_seconds_last_session"] = round(time.perf_counter() - began, 1)
     return summary
-
-
-def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` that trains nothing: the anchor of ``supervised_anchor``."""
-    anchor = copy.deepcopy(model).eval()
-    anchor.requires_grad_(False)
-    return anchor
 
 
 def save_snapshot(model: torch.nn.Module, folder: Path, state: dict) -> Path:
