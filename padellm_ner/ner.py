@@ -93,10 +93,9 @@ def load(model: str | Path = "en-conll03", device: str = "cpu", dtype: str | Non
     measure). ``strategy`` and ``decoder`` are the defaults of its calls; ``engine_options`` go
     to :class:`ner_service.engine.NEREngine` (``count_bias``, ...)."""
     from ner_service.engine import NEREngine
-    from ner_service.engine.cpu import configured_dtype, torch_dtype
+    from ner_service.engine.cpu import configured_dtype
 
-    engine = NEREngine.load(model, dtype=torch_dtype(configured_dtype() if dtype is None else dtype, device), device=device,
-                            **engine_options)
+    engine = NEREngine.load(model, dtype=dtype or configured_dtype(), device=device, **engine_options)  # as the engine pool resolves it
     ner = PadeLLMNER(engine, strategy, decoder)
     engine.options(None, strategy, decoder)  # a strategy or decoder the model cannot run is refused now, not at the first text
     return ner
