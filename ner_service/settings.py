@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     ner_batch_wait_max_ms: float = 250.0  # ... but never longer than this
     ner_batch_max_texts: int = 16
     ner_queue_max: int = 256  # texts admitted and not answered yet
-    ner_max_request_tokens: int = 8192  # estimated tokens of work one request may hold (413 above; white space is nearly free)
+    ner_max_request_tokens: int = 24_576  # estimated tokens of work one request may hold, its texts and its labels' queries (413 above; white space is nearly free)
     ner_admission_fraction: float = 0.8  # admit while the work ahead fits this fraction of NER_REQUEST_TIMEOUT_S (else 429)
     ner_prior_ms_per_token: float = 50.0  # the engine's rate assumed until a call is measured: pessimistic (shed, not time out)
     ner_fixed_ms_per_token: float = 0.0  # > 0: admission assumes this rate and never measures it (0: the measured rate)

@@ -74,6 +74,23 @@ def test_padellm_vs_ar_asks_an_open_model_more_labels_and_a_closed_one_refuses(t
     assert refused.returncode == 2 and "needs an open model" in refused.stderr
 
 
+def test_work_estimate_times_each_label_set_under_both_estimates(tmp_path: Path, data_dir: Path) -> None:
+    import shutil
+
+    model = shutil.copytree(TINY, tmp_path / "tiny-open")
+    config = json.loads((model / "ner_model.json").read_text())
+    (model / "ner_model.json").write_text(json.dumps({**config, "open_labels": True}))
+    out = tmp_path / "work.json"
+    report = _report(_run("work_estimate.py", "--model", str(model), "--limit", "3", "--label-counts", "1,4", "--described", "2",
+                          "--data", str(data_dir / "conll2003" / "dev.txt"), "--json", str(out)), out)
+    rows = {(r["texts"], r["labels"]): r for r in report["results"]}
+    assert {labels for _, labels in rows} == {"1", "4", "2 described"} and len(rows) == 6  # sentences and pieces, each label set
+    for kind in {texts for texts, _ in rows}:  # the same texts: the same text-only work; more labels, more work with queries
+        assert rows[kind, "1"]["text_only_tokens"] == rows[kind, "4"]["text_only_tokens"] == rows[kind, "2 described"]["text_only_tokens"]
+        assert rows[kind, "1"]["work_tokens"] < rows[kind, "4"]["work_tokens"] < rows[kind, "2 described"]["work_tokens"]
+    assert all(r["seconds"] > 0 for r in rows.values()) and set(report["spread"]) == {"text only", "with queries"}
+
+
 def test_general_decoders_are_identical_to_greedy_on_every_task(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "general_decoders.json"
     report = _report(_run("general_decoders.py", "--model", "tiny-conll03", "--limit", "1",

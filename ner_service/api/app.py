@@ -20,6 +20,7 @@ from ner_service.api.core.logging import RequestContextMiddleware, configure_log
 from ner_service.api.core.metrics import Metrics, MetricsMiddleware
 from ner_service.api.core.proxies import TrustedProxies
 from ner_service.api.core.security import ApiKeys, Guard, RateLimiter
+from ner_service.api.core.work import Reading
 from ner_service.api.routes import entities, health, models, page
 from ner_service.api.routes.api_docs import mount_docs
 from ner_service.api.state import ApiState, AuthenticatedRoute
@@ -87,6 +88,9 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
     def loaded(options: ExtractOptions) -> bool:
         return pool.is_loaded(options.model)
 
+    def reading(options: ExtractOptions) -> Reading:
+        return Reading.of(options, pool.config(options.model))
+
     def text_entities(options: ExtractOptions, text: str, found: list[Entity]) -> list[Entity]:
         return pool.engine(options.model).text_entities(text, found, options.strategy, options.flat_ner)
 
@@ -97,7 +101,7 @@ def create_app(settings: Settings | None = None, routers: Sequence[APIRouter] = 
     admission = Admission(rate, settings.ner_request_timeout_s * settings.ner_admission_fraction,
                           settings.ner_max_request_tokens, settings.ner_queue_max)
     batcher = MicroBatcher(
-        run, metrics, admission, load=load, loaded=loaded, text_entities=text_entities, enabled=settings.ner_microbatch,
+        run, metrics, admission, load=load, loaded=loaded, text_entities=text_entities, reading=reading, enabled=settings.ner_microbatch,
         wait_ms=settings.ner_batch_wait_ms, wait_fraction=settings.ner_batch_wait_fraction, wait_max_ms=settings.ner_batch_wait_max_ms,
         max_texts=settings.ner_batch_max_texts, piece_tokens=settings.ner_piece_tokens,
         long_text_tokens=settings.ner_long_text_tokens, split_tokens=settings.ner_batch_split_tokens,

@@ -16,8 +16,9 @@ from ner_service.api.core import batching
 from ner_service.api.core.admission import Admission, Overloaded, ServiceRate, TooMuchWork
 from ner_service.api.core.batching import MicroBatcher
 from ner_service.api.core.metrics import Metrics
-from ner_service.api.core.work import work_of
+from ner_service.api.core.work import PREFIX_TOKENS, Reading, estimated_tokens, query_tokens
 from ner_service.engine import ExtractOptions, Extraction
+from ner_service.engine.labels import label_specs
 
 KEY = ExtractOptions("m", None, "padellm", "greedy")
 TEXT = "EU rejects German call to boycott British lamb ."
@@ -91,10 +92,10 @@ def test_a_request_refused_on_an_idle_engine_has_the_engine_measured_and_its_ret
 
     def run(key: ExtractOptions, texts: list[str]) -> list[Extraction]:
         calls.append(list(texts))
-        clock.now += 0.001 * sum(work_of(text) for text in texts)
+        clock.now += 0.001 * sum(Reading().work(text) for text in texts)
         return [Extraction(text, []) for text in texts]
 
-    text = "word " * 92  # 100 tokens of work: 100 s at the prior, more than the 60 s budget
+    text = "word " * 96  # 100 tokens of work with its prefix: 100 s at the prior, more than the 60 s budget
     rate = ServiceRate(prior_ms_per_token=1000.0)
 
     async def scenario() -> None:
@@ -129,12 +130,44 @@ def test_a_fixed_rate_never_has_the_engine_measured(monkeypatch: pytest.MonkeyPa
         batcher = MicroBatcher(run, Metrics(), admission, enabled=True, wait_ms=1, max_texts=8)
         batcher.start()
         with pytest.raises(TooMuchWork):  # 100 s at the fixed rate, for ever
-            await batcher.submit(KEY, ["word " * 92])
+            await batcher.submit(KEY, ["word " * 96])
         assert batcher.pending_texts == 0
         await batcher.stop()
 
     asyncio.run(scenario())
     assert calls == []
+
+
+def test_a_request_is_charged_for_its_labels_queries_in_every_window_the_model_reads() -> None:
+    sentence = "Peter Blackburn met officials in Brussels ."
+    two = f"{sentence} {sentence}"
+    person = query_tokens(label_specs(["person"], True))
+    assert person == 2 * estimated_tokens("person") + 6  # the name in its count query and its mention query
+    described = query_tokens(label_specs([{"name": "person", "description": "a human being, alive or dead"}], True))
+    assert described > person + 2 * estimated_tokens("a human being, alive or dead")  # the description is written twice
+    names = [f"type {chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(48)]  # "type aa", "type ba", ...: alike in length
+    assert query_tokens(label_specs(names, True)) == 48 * query_tokens(label_specs(names[:1], True))
+    whole, sentences = Reading(160, False, person), Reading(160, True, person)
+    assert whole.work(two) == estimated_tokens(two) + PREFIX_TOKENS + person  # one window
+    assert sentences.work(two) == estimated_tokens(two) + 2 * (PREFIX_TOKENS + person)  # a window a sentence
+    assert Reading(8, False, person).work(sentence) > whole.work(sentence)  # a text longer than a window is several
+    assert whole.work(" \n\t ") == 0  # a blank text is read in no window
+
+
+def test_an_open_models_request_is_admitted_by_the_work_of_its_labels_as_well_as_its_text(make_client, open_model_folder) -> None:
+    # a budget of 8 s at 2 ms a token: 4,000 tokens of work. Sixteen labels with long descriptions
+    # are about 1,700 tokens of queries in each of the text's three sentences: 5,000 tokens
+    client = make_client(ner_model=str(open_model_folder), ner_fixed_ms_per_token=2.0, ner_request_timeout_s=10.0)
+    text = "Peter Blackburn met officials in Brussels . He flew to Paris on Monday . The talks ended ."
+    described = [{"name": f"kind {i}", "description": "a thing of this kind as the guidelines of a long and detailed corpus "
+                  "define it, with examples, exceptions and edge cases, and notes on nesting and on what is not one"} for i in range(16)]
+    refused = client.post("/v1/entities", json={"text": text, "labels": described})
+    assert refused.status_code == 413, refused.text
+    assert "fewer labels" in refused.json()["detail"] and "NER_FIXED_MS_PER_TOKEN" in refused.json()["detail"]
+    answered = client.post("/v1/entities", json={"text": text, "labels": ["PER", "LOC"]})  # the same text, two names
+    assert answered.status_code == 200, answered.text
+    found = {(e["text"], e["label"]) for e in answered.json()["results"][0]["entities"]}
+    assert {("Peter Blackburn", "PER"), ("Paris", "LOC")} <= found
 
 
 def _seconds_per_token(client) -> float:
@@ -152,7 +185,7 @@ def test_the_app_admits_at_ner_fixed_ms_per_token_whatever_the_engine_calls_take
 
 
 def test_a_request_that_can_never_fit_at_the_fixed_rate_is_413(make_client) -> None:
-    # a budget of 8 s at 10 ms a token: 800 tokens of work; 800 words and the queries are 808
+    # a budget of 8 s at 10 ms a token: 800 tokens of work; 800 words are more with their windows' queries
     client = make_client(ner_fixed_ms_per_token=10.0, ner_request_timeout_s=10.0)
     never = client.post("/v1/entities", json={"text": "word " * 800})
     assert never.status_code == 413 and "s of engine time" in never.json()["detail"]
@@ -168,7 +201,7 @@ def test_white_space_is_no_work_and_work_is_counted_in_tokens_not_characters(mak
     spaced = client.post("/v1/entities", json={"text": gap})
     assert spaced.status_code == 200, spaced.text
     assert all(gap[e["start"]:e["end"]] == e["text"] for e in spaced.json()["results"][0]["entities"])
-    words = "Peter met Paul . " * 60  # 1,020 characters, about 300 tokens
+    words = "Peter met Paul in Rome , " * 50  # 1,250 characters, about 350 tokens read in 6 windows
     assert client.post("/v1/entities", json={"text": words}).status_code == 200
     digits = "1234567890" * 100  # 1,000 characters, 1,000 tokens (a tokenizer cuts digits one by one)
     refused = client.post("/v1/entities", json={"text": digits})

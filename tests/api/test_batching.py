@@ -240,12 +240,12 @@ def test_the_rate_learns_from_engine_calls_not_from_loading_a_model(monkeypatch:
     async def scenario() -> MicroBatcher:
         batcher = _batcher(run, ServiceRate(prior_ms_per_token=1.0), prepare=load, wait_fraction=0.5, wait_max_ms=60_000)
         batcher.start()
-        await batcher.submit(KEY, ["x" * 40])  # 10 + 8 estimated tokens
+        await batcher.submit(KEY, ["x" * 40])  # 10 estimated tokens and one window's prefix, 4
         await batcher.stop()
         return batcher
 
     batcher = asyncio.run(scenario())
-    assert batcher.admission.rate.seconds_per_token == pytest.approx(2.0 / 18)
+    assert batcher.admission.rate.seconds_per_token == pytest.approx(2.0 / 14)
     assert batcher.gather_window_s() == pytest.approx(1.0)  # half of the 2 s engine call
 
 

@@ -95,17 +95,17 @@ class Admission:
         ``texts`` may join a queue holding ``queued_tokens`` and ``queued_texts``."""
         if tokens > self.max_request_tokens:
             raise TooMuchWork(f"the request is about {tokens} tokens of work; at most {self.max_request_tokens} "
-                              "(NER_MAX_REQUEST_TOKENS): send fewer or shorter texts, or a batch job (/v1/jobs)")
+                              "(NER_MAX_REQUEST_TOKENS): send fewer or shorter texts, or fewer labels, or a batch job (/v1/jobs)")
         own = self.rate.seconds_for(tokens)
         alone = (f"at {self.rate.describe()} the request needs about {own:.0f} s of engine time, more than the "
                  f"{self.budget_s:.0f} s a request may wait")
         if own > self.budget_s and not self.rate.measuring:
-            raise TooMuchWork(f"{alone}: send fewer or shorter texts, or a batch job (/v1/jobs)")
+            raise TooMuchWork(f"{alone}: send fewer or shorter texts, or fewer labels, or a batch job (/v1/jobs)")
         best = self.rate.best_seconds_per_token
         if best is not None and tokens * best > self.budget_s:
             raise TooMuchWork(f"the request needs about {tokens * best:.0f} s of engine time even at the fastest rate this server "
                               f"has measured ({best * 1000:.1f} ms a token), more than the {self.budget_s:.0f} s a request may wait: "
-                              "it can never be answered here; send fewer or shorter texts, or long texts as a batch job (POST /v1/jobs)")
+                              "it can never be answered here; send fewer or shorter texts, or fewer labels, or long texts as a batch job (POST /v1/jobs)")
         if texts > self.queue_max_texts:
             raise TooMuchWork(f"the request holds {texts} texts, more than the queue may (NER_QUEUE_MAX={self.queue_max_texts}): "
                               "send fewer texts, or a batch job (/v1/jobs)")
@@ -113,7 +113,7 @@ class Admission:
             raise Overloaded(f"the queue holds {queued_texts} texts (NER_QUEUE_MAX={self.queue_max_texts}); retry later",
                              self.retry_after(queued_tokens, tokens))
         if own > self.budget_s:
-            raise Overloaded(f"{alone}; retry later (the rate is measured anew), or send fewer or shorter texts",
+            raise Overloaded(f"{alone}; retry later (the rate is measured anew), or send fewer or shorter texts, or fewer labels",
                              self.retry_after(queued_tokens, tokens))
         wait = self.rate.seconds_for(queued_tokens) + own
         if wait > self.budget_s:

@@ -1,7 +1,8 @@
 """The micro-batcher: concurrent requests gathered for a few milliseconds and run as one ``engine.extract`` call.
 
-Every request is admitted first (:mod:`.admission`: its work and the work queued before it must
-fit the request timeout at the measured rate), then cut into pieces (:mod:`.work`: a text
+Every request is admitted first (:mod:`.admission`: its work, its texts' tokens and its labels'
+queries in each window the model reads (:mod:`.work`), and the work queued before it must fit
+the request timeout at the measured rate), then cut into pieces (:mod:`.work`: a text
 longer than ``long_text_tokens`` is cut at sentence ends into pieces of ``piece_tokens``). Pieces wait in one queue per caller (API
 key), and each batch starts with the next caller in turn, so that no key's burst holds back
 another's requests. A batch is either whole texts of any callers (up to ``max_texts`` with the
@@ -36,7 +37,7 @@ from typing import Any, TypeVar
 
 from ner_service.api.core.admission import Admission, Overloaded
 from ner_service.api.core.metrics import Metrics
-from ner_service.api.core.work import Piece, merged, pieces_of
+from ner_service.api.core.work import Piece, Reading, merged, pieces_of, query_tokens
 from ner_service.engine import ExtractOptions, Extraction
 from ner_service.engine.spans import Entity, distinct_spans, resolve_overlaps
 
@@ -92,8 +93,11 @@ class MicroBatcher:
                  wait_fraction: float = 0.0, wait_max_ms: float = 0.0, piece_tokens: int = 64, long_text_tokens: int = 160,
                  split_tokens: int = 64, prepare: Callable[[ExtractOptions], object] | None = None,
                  text_entities: TextEntities | None = None, loaded: Callable[[ExtractOptions], bool] | None = None,
-                 load: Callable[[ExtractOptions], object] | None = None) -> None:
+                 load: Callable[[ExtractOptions], object] | None = None,
+                 reading: Callable[[ExtractOptions], Reading] | None = None) -> None:
         self._run = run
+        # how the engine reads a text for the options (its windows, the queries of each): what a piece's work is counted in
+        self._reading = reading or (lambda options: Reading(queries=query_tokens(options.label_specs())))
         self._prepare = prepare  # run in the engine thread before a batch, untimed
         self._loaded = loaded or (lambda options: True)  # whether the options' model is loaded
         self._load = load  # loads it, in the loader thread
@@ -181,7 +185,7 @@ class MicroBatcher:
             self._hold(request, -1)
 
     def _request(self, options: ExtractOptions, texts: list[str]) -> _Request:
-        pieces = pieces_of(texts, self._piece_tokens, self._long_text_tokens)
+        pieces = pieces_of(texts, self._piece_tokens, self._long_text_tokens, self._reading(options))
         return _Request(options, texts, pieces, asyncio.get_running_loop().create_future())
 
     def _enqueue(self, request: _Request, caller: str) -> None:
