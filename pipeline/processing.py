@@ -58,7 +58,10 @@ def _extract(pool: EnginePool, options: ExtractOptions, texts: list[str]) -> lis
 def process_chunk(sessions: sessionmaker[Session], pool: EnginePool, job_id: int, document_ids: Sequence[int]) -> ChunkOutcome:
     """Run the chunk's still-pending documents of a job through the engine of each document's
     language and record each document in its own transaction, under that engine's model
-    version. Safe to call again with the same arguments (redelivery): finished documents are skipped."""
+    version, as soon as its engine call returns (a call holds one engine batch of documents), so
+    that a chunk redelivered while long work was under way (a worker lost, the visibility timeout
+    passed: many long documents asked many labels) redoes only what was not recorded. Safe to
+    call again with the same arguments (redelivery): finished documents are skipped."""
     outcome = ChunkOutcome()
     with sessions.begin() as session:
         job = crud.start_running(session, job_id)
@@ -66,13 +69,12 @@ def process_chunk(sessions: sessionmaker[Session], pool: EnginePool, job_id: int
             return outcome
         strategy, labels, decoder, flat_ner = job.strategy, job.labels, job.decoder, job.flat_ner
         rows = crud.pending_documents(session, job_id, document_ids)
-    results: dict[int, DocumentOutcome] = {}
     by_model: dict[str, list[Any]] = {}
     for row in rows:
         try:
             by_model.setdefault(pool.model_for(row.language), []).append(row)
         except ModelNotFoundError as error:
-            results[row.id] = str(error)
+            _record(sessions, job_id, row.id, str(error), outcome)
     for model, model_rows in by_model.items():
         version = results_version(model_version_of_path(model), strategy, labels, decoder, flat_ner)
         with sessions() as session:
@@ -80,23 +82,26 @@ def process_chunk(sessions: sessionmaker[Session], pool: EnginePool, job_id: int
         to_run = []
         for row in model_rows:
             if row.id in done:
-                results[row.id] = Found(version, ())  # stored earlier under this version: only the job's count moves
+                _record(sessions, job_id, row.id, Found(version, ()), outcome)  # stored earlier under this version: only the job's count moves
             elif problem := text_problem(row.text):
-                results[row.id] = problem
+                _record(sessions, job_id, row.id, problem, outcome)
             else:
                 to_run.append(row)
         if to_run:
             options = pool.options(model, labels=labels, strategy=strategy, decoder=decoder, flat_ner=flat_ner)
-            pool.engine(model)  # a model that cannot load fails the job (not each document)
-            for row, entities in zip(to_run, _extract(pool, options, [r.text for r in to_run])):
-                results[row.id] = f"{type(entities).__name__}: {entities}" if isinstance(entities, Exception) else Found(version, entities)
-    for row in rows:
-        value = results[row.id]
-        with sessions.begin() as session:
-            if isinstance(value, str):
-                outcome.failed += crud.record_failure(session, job_id, row.id, value)
-            else:
-                outcome.processed += crud.record_result(session, job_id, row.id, value.version, value.entities)
+            step = max(1, pool.engine(model).max_batch_texts)  # a model that cannot load fails the job (not each document)
+            for start in range(0, len(to_run), step):
+                part = to_run[start:start + step]
+                for row, entities in zip(part, _extract(pool, options, [r.text for r in part])):
+                    value = f"{type(entities).__name__}: {entities}" if isinstance(entities, Exception) else Found(version, entities)
+                    _record(sessions, job_id, row.id, value, outcome)
     return outcome
 
 
+def _record(sessions: sessionmaker[Session], job_id: int, document_id: int, value: DocumentOutcome, outcome: ChunkOutcome) -> None:
+    """Record one document's outcome in its own transaction, and count it in ``outcome``."""
+    with sessions.begin() as session:
+        if isinstance(value, str):
+            outcome.failed += crud.record_failure(session, job_id, document_id, value)
+        else:
+            outcome.processed += crud.record_result(session, job_id, document_id, value.version, value.entities)

@@ -101,6 +101,33 @@ def test_redelivered_chunks_write_and_count_nothing_twice(sessions, tiny_engine)
             assert all(text[r.start:r.end] == r.text for r in found.entities)
 
 
+class WorkerLost(BaseException):
+    """The worker process gone in the middle of a chunk (not an error of a document)."""
+
+
+def test_a_chunk_records_each_engine_batch_as_it_returns_so_a_redelivery_redoes_only_the_rest(sessions, tiny_engine) -> None:
+    engine = GazetteerEngine(tiny_engine)
+    engine.max_batch_texts = 2
+    job_id, ids = _new_job(sessions, engine)
+    asked: list[list[str]] = []
+    extract_with = engine.extract_with
+
+    def lost_at_the_second_batch(options: object, texts: list[str]) -> list[_Extraction]:
+        asked.append(list(texts))
+        if len(asked) == 2:
+            raise WorkerLost  # long work asked of many labels: the visibility timeout passes, the chunk is delivered again
+        return extract_with(options, texts)
+
+    engine.extract_with = lost_at_the_second_batch
+    with pytest.raises(WorkerLost):
+        processing.process_chunk(sessions, EnginePool.serving(engine), job_id, ids)
+    assert _counts(sessions, job_id)[:3] == (2, 0, 5)  # the first batch's two documents are recorded
+    outcome = processing.process_chunk(sessions, EnginePool.serving(engine), job_id, ids)  # the redelivery
+    assert (outcome.processed, outcome.failed) == (3, 0)
+    assert asked == [TEXTS[:2], TEXTS[2:4], TEXTS[2:4], TEXTS[4:]]  # the first two are not read again
+    assert _counts(sessions, job_id) == (5, 0, 5, 5, 10)
+
+
 def test_entities_and_marker_are_inserted_once_even_when_recorded_twice(sessions, tiny_engine) -> None:
     engine = GazetteerEngine(tiny_engine)
     job_id, ids = _new_job(sessions, engine, TEXTS[:1])
