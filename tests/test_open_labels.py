@@ -69,6 +69,26 @@ def test_an_open_model_answers_each_label_under_the_name_given_with_or_without_i
     assert [(e.text, e.label) for e in under_another] == [("Paris", "_LOC_")]
 
 
+def test_many_labels_of_many_windows_are_packed_to_copy_less_cache_with_the_same_answers(open_engine, monkeypatch) -> None:
+    from ner_service.engine import branch_forward
+
+    # 16 windows, 50 labels' tries of 8 nodes each: a row per trie copies its window's cache 50 times
+    by_cache_row = {window: list(range(window * 50, window * 50 + 50)) for window in range(16)}
+    sizes = [8] * 800
+    assert len(branch_forward._node_rows(by_cache_row, sizes, width=10)) == 800  # 14,400 columns: the fewest node slots
+    assert len(branch_forward._node_rows(by_cache_row, sizes, width=200)) == 16  # 166,400 columns: a row per window
+    # the packing that copies less gives the same answers, on a real model asked past every count
+    monkeypatch.setattr(open_engine.ner_model.config, "answers_past_count", True)
+    monkeypatch.setattr(open_engine, "past_count_floor", 0.0)
+    texts = [SENTENCE, "Peter Blackburn of Reuters flew to Brussels .", "Japan beat Syria 2-1 in Abu Dhabi on Friday ."]
+    labels = ["PER", "LOC", "ORG", "MISC"] + [f"kind {chr(97 + i)}" for i in range(12)]
+    answers = {}
+    for cap in (10**9, 0):  # the fewest node slots always; the fewest copied columns always
+        monkeypatch.setattr(branch_forward, "MAX_COPIED_COLUMNS", cap)
+        answers[cap] = [[(e.start, e.end, e.label) for e in r.entities] for r in open_engine.extract(texts, labels=labels)]
+    assert answers[0] == answers[10**9] and all(answers[0])
+
+
 def test_the_ar_query_of_an_open_model_lists_its_labels_and_its_lines_are_read_by_them() -> None:
     assert prompts.ar_query() == "All entities:"
     assert prompts.ar_query(["drug", "dose (an amount: mg)"]) == "All entities (drug; dose (an amount: mg)):"

@@ -40,18 +40,27 @@ class Node:
     index: int
 
 
-def _node_rows(by_cache_row: dict[int, list[int]], sizes: list[int]) -> list[tuple[int, list[int]]]:
-    """Tries (by index, of ``sizes`` nodes) packed into node rows, each row behind one cache row:
-    up to the largest trie, or each cache row's tries in one row, whichever feeds fewer node slots
-    (rows times the longest row; a lone text's tries then share one row)."""
-    best: list[tuple[int, list[int]]] = []
+#: The most cache columns (rows times width) one forward may copy for its node rows before the
+#: packing that copies fewest is taken over the one that feeds fewest node slots: about 600 MB of
+#: Gemma 3 270M's float32 cache. Many labels of many windows cross it (each label's tries in a
+#: row of their own would copy the window's cache once a label).
+MAX_COPIED_COLUMNS = 16_384
+
+
+def _node_rows(by_cache_row: dict[int, list[int]], sizes: list[int], width: int) -> list[tuple[int, list[int]]]:
+    """Tries (by index, of ``sizes`` nodes) packed into node rows, each row behind one cache row
+    of ``width`` columns, which it copies: up to the largest trie, or each cache row's tries in
+    one row, whichever feeds fewer node slots (rows times the longest row; a lone text's tries
+    then share one row), unless it copies more than :data:`MAX_COPIED_COLUMNS`; then whichever
+    copies fewer."""
+    packings = []
     for capacity in (max(sizes), max(sum(sizes[g] for g in members) for members in by_cache_row.values())):
         rows = [(cache_row, [members[i] for i in packed]) for cache_row, members in by_cache_row.items()
                 for packed in pack_rows([sizes[g] for g in members], capacity)]
-        slots = len(rows) * max(sum(sizes[g] for g in members) for _, members in rows)
-        if not best or slots < len(best) * max(sum(sizes[g] for g in members) for _, members in best):
-            best = rows
-    return best
+        longest = max(sum(sizes[g] for g in members) for _, members in rows)
+        packings.append((rows, len(rows) * longest, len(rows) * (width + longest)))
+    rows, _, columns = min(packings, key=lambda packing: packing[1])
+    return rows if columns <= MAX_COPIED_COLUMNS else min(packings, key=lambda packing: packing[2])[0]
 
 
 class BranchForward:
@@ -67,8 +76,8 @@ class BranchForward:
         by_cache_row: dict[int, list[int]] = {}
         for g, (window_index, _) in enumerate(groups):
             by_cache_row.setdefault(prefix.row_of[window_index], []).append(g)
-        node_rows = _node_rows(by_cache_row, [len(trie.ids) for trie in tries])
         width = prefix.cache.get_seq_length()  # a decoder that shares_cache may have extended it in place
+        node_rows = _node_rows(by_cache_row, [len(trie.ids) for trie in tries], width)
         keys = list(groups)
         self.ends: list[list[Node]] = [[] for _ in rows]  # per row: the node each of its sequences ends at
         row_ids: list[list[int]] = []
