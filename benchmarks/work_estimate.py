@@ -13,7 +13,7 @@ CoNLL-03's four types by name, then the types of ``padellm_vs_ar.FILLER_LABELS``
 model its own labels only.
 
 Usage: python benchmarks/work_estimate.py [--model NAME] [--data FILE] [--limit N]
-       [--label-counts 1,4,16,48] [--described 16] [--json PATH]
+       [--label-counts 1,4,16,48] [--described 8] [--json PATH]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ TEXT_ONLY_QUERY_TOKENS = 8
 NAMES = ("person", "location", "organization", "miscellaneous") + FILLER_LABELS + (
     "city", "country", "building", "company", "political party", "sports team", "band", "song", "album", "book", "film",
     "television show", "newspaper", "university", "ship", "river", "mountain", "festival", "brand", "website")
-#: A description as long as a user may write one (MAX_DESCRIPTION_CHARS is 300).
+#: A long description (MAX_DESCRIPTION_CHARS is 300; a request's labels may hold MAX_REQUEST_LABEL_CHARS in all).
 DESCRIPTION = ("a thing of this kind as the annotation guidelines of a detailed corpus define it, with its examples, "
                "its exceptions and its edge cases, and notes on nesting and on what is not one at all")
 BATCH_TEXTS = 16  # NER_BATCH_MAX_TEXTS
@@ -80,7 +80,8 @@ def spreads(rows: list[dict[str, object]], key: str) -> dict[str, float]:
 def main() -> None:
     parser = benchmark_parser(__doc__, "work_estimate", 32, model="open", dtype=True)
     parser.add_argument("--label-counts", default="1,4,16,48", help="numbers of label names to ask an open model (default %(default)s)")
-    parser.add_argument("--described", type=int, default=16, help="also ask this many names with long descriptions (0: not)")
+    parser.add_argument("--described", type=int, default=8,
+                        help="also ask this many names with long descriptions (0: not; a request may hold 2,000 characters of labels)")
     args = parser.parse_args()
     require_model("work_estimate.py", args.model, args.model)
 

@@ -10,8 +10,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from ner_service.api.schemas import ACCEPTABLE, EntityOut, LabelIn, LabelName, Name, Str, label_entries, string_problem
-from ner_service.engine.labels import MAX_OPEN_LABELS
+from ner_service.api.schemas import ACCEPTABLE, EntityOut, Name, RequestLabels, Str, label_entries, string_problem
 from ner_service.engine.option_errors import refuse_renamed
 from ner_service.settings import get_settings
 
@@ -63,8 +62,8 @@ class JobRequest(BaseModel):
                                             description="ids of documents stored before (the `document_ids` of an earlier job)")
     strategy: Name | None = Field(default=None, description="how the model is asked: padellm (default), ar or fast_dllm")
     decoder: Name | None = Field(default=None, description="how the answers' tokens are produced, as in POST /v1/entities (default copy)")
-    labels: list[LabelName | LabelIn] | None = Field(
-        default=None, min_length=1, max_length=MAX_OPEN_LABELS,
+    labels: RequestLabels | None = Field(
+        default=None,
         description="the labels to find, as in POST /v1/entities (default: each model's); an open-label model takes any names")
     flat_ner: bool = Field(default=True, description="false: every label's entities, overlaps kept, as in POST /v1/entities (default true)")
 

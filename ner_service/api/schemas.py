@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ner_service.engine.defaults import DEFAULT_DECODER, DEFAULT_STRATEGY
-from ner_service.engine.labels import MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, MAX_OPEN_LABELS
+from ner_service.engine.labels import MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, MAX_OPEN_LABELS, MAX_REQUEST_LABEL_CHARS
 from ner_service.engine.option_errors import refuse_renamed
 
 
@@ -51,6 +51,20 @@ class LabelIn(BaseModel):
     description: Annotated[str, StringConstraints(min_length=1, max_length=MAX_DESCRIPTION_CHARS), ACCEPTABLE] | None = None
 
 
+def _within_request_label_chars(labels: list[str | LabelIn]) -> list[str | LabelIn]:
+    total = sum(len(label) if isinstance(label, str) else len(label.name) + len(label.description or "") for label in labels)
+    if total > MAX_REQUEST_LABEL_CHARS:
+        raise ValueError(f"the labels' names and descriptions hold {total:,} characters in all; at most "
+                         f"{MAX_REQUEST_LABEL_CHARS:,} in one request (every window of every text is asked every label)")
+    return labels
+
+
+#: The labels of a request or a job: names or :class:`LabelIn`, at most ``MAX_OPEN_LABELS`` and
+#: ``MAX_REQUEST_LABEL_CHARS`` characters of names and descriptions in all.
+RequestLabels = Annotated[list[LabelName | LabelIn], Field(min_length=1, max_length=MAX_OPEN_LABELS),
+                          AfterValidator(_within_request_label_chars)]
+
+
 def label_entries(labels: list[str | LabelIn] | None) -> list[str | dict[str, str | None]] | None:
     """A request's labels as the engine's options take them (names, or name and description)."""
     return None if labels is None else [label if isinstance(label, str) else label.model_dump() for label in labels]
@@ -66,8 +80,8 @@ class EntitiesRequest(BaseModel):
 
     text: Str | None = Field(None, description="one text")
     texts: list[Str] | None = Field(None, min_length=1, description="several texts, answered in order")
-    labels: list[LabelName | LabelIn] | None = Field(
-        None, min_length=1, max_length=MAX_OPEN_LABELS,
+    labels: RequestLabels | None = Field(
+        None,
         description="a subset of the model's labels (default: all); an open-label model takes any names, each a string or "
                     "`{\"name\", \"description\"}` (default: the labels its card names); names come back as given")
     strategy: Name | None = Field(None, description=f"how the model is asked: `padellm` (label-wise parallel decoding, the default), `ar` (the autoregressive baseline) or `fast_dllm` (a masked-diffusion model); default {DEFAULT_STRATEGY}")

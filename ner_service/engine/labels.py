@@ -19,6 +19,10 @@ from ner_service.engine import prompts
 MAX_OPEN_LABELS = 50
 MAX_NAME_CHARS = 100
 MAX_DESCRIPTION_CHARS = 300
+#: The names and descriptions one API request or batch job may ask in all: every window is asked
+#: every label, and an engine batch's memory grows with them (docs/api.md). Local callers (the
+#: command line, Python, spaCy) are not held to it.
+MAX_REQUEST_LABEL_CHARS = 2_000
 
 
 class InvalidLabelsError(ValueError):

@@ -155,12 +155,13 @@ def test_a_request_is_charged_for_its_labels_queries_in_every_window_the_model_r
 
 
 def test_an_open_models_request_is_admitted_by_the_work_of_its_labels_as_well_as_its_text(make_client, open_model_folder) -> None:
-    # a budget of 8 s at 2 ms a token: 4,000 tokens of work. Sixteen labels with long descriptions
-    # are about 1,700 tokens of queries in each of the text's three sentences: 5,000 tokens
-    client = make_client(ner_model=str(open_model_folder), ner_fixed_ms_per_token=2.0, ner_request_timeout_s=10.0)
+    # a budget of 8 s at 4 ms a token: 2,000 tokens of work. Ten labels with long descriptions (1,790
+    # characters, within a request's 2,000) are about 1,000 tokens of queries in each of the text's
+    # three sentences: 3,000 tokens
+    client = make_client(ner_model=str(open_model_folder), ner_fixed_ms_per_token=4.0, ner_request_timeout_s=10.0)
     text = "Peter Blackburn met officials in Brussels . He flew to Paris on Monday . The talks ended ."
     described = [{"name": f"kind {i}", "description": "a thing of this kind as the guidelines of a long and detailed corpus "
-                  "define it, with examples, exceptions and edge cases, and notes on nesting and on what is not one"} for i in range(16)]
+                  "define it, with examples, exceptions and edge cases, and notes on nesting and on what is not one"} for i in range(10)]
     refused = client.post("/v1/entities", json={"text": text, "labels": described})
     assert refused.status_code == 413, refused.text
     assert "fewer labels" in refused.json()["detail"] and "NER_FIXED_MS_PER_TOKEN" in refused.json()["detail"]

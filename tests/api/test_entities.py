@@ -109,6 +109,8 @@ BAD_REQUESTS = [
     pytest.param({"json": {"text": "a", "strategy": "fast_dllm"}}, 422, "supports the strategies padellm, ar", id="fast_dllm on an AR model"),
     pytest.param({"json": {"text": "a", "labels": ["x" * 101]}}, 422, "at most 100 characters", id="label too long"),
     pytest.param({"json": {"text": "a", "labels": ["PER"] * 51}}, 422, "at most 50 items", id="too many labels"),
+    pytest.param({"json": {"text": "a", "labels": [{"name": f"kind {i}", "description": "d" * 290} for i in range(7)]}}, 422,
+                 "2,072 characters in all; at most 2,000", id="labels too long in all"),
     pytest.param({"json": {"text": "a", "labels": [{"name": "PER", "description": "a person"}]}}, 422, "descriptions are for open-label models",
                  id="a description for a model of its own labels"),
     pytest.param({"json": {"text": "a", "model": "../etc"}}, 422, "unknown model '../etc'", id="unknown model"),

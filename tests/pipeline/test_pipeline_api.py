@@ -111,6 +111,7 @@ def test_processed_document_entities(client: TestClient, sessions, tiny_engine) 
     ({"documents": [{"text": "a"}], "labels": ["drug"]}, 422, "unknown label(s) 'drug' for model 'tiny-conll03'"),
     ({"documents": [{"text": "a"}], "labels": [{"name": "PER", "description": "a person"}]}, 422, "descriptions are for open-label models"),
     ({"documents": [{"text": "a"}], "labels": []}, 422, "at least 1"),
+    ({"documents": [{"text": "a"}], "labels": ["x" * 100] * 21}, 422, "2,100 characters in all; at most 2,000"),
     ({"documents": [{"text": "a"}], "colour": "red"}, 422, "Extra inputs"),
     ({"documents": [{"text": "a", "colour": "red"}]}, 422, "Extra inputs"),
     ({"document_ids": ["6f1c3d7e-93a4-4b8e-9d57-2f0b9c1e4a10"]}, 404, "6f1c3d7e-93a4-4b8e-9d57-2f0b9c1e4a10"),
