@@ -372,14 +372,14 @@ def test_open_windows_chooses_how_an_open_model_reads_on_texts_it_does_not_repor
     model = _writable_copy(open_model_folder, tmp_path / "model")
     before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))
     common = [str(model), "--data", str(data_dir), "--limit", "1", "--choose-limit", "1", "--supervised-limit", "2"]
-    chosen = subprocess.run([sys.executable, "-m", "training.open_windows", *common, "--windows", "s8,160", "--write"],
+    chosen = subprocess.run([sys.executable, "-m", "training.open_windows", *common, "--windows", "s24,160", "--write"],
                             capture_output=True, text=True, cwd=REPO, timeout=600)
     assert chosen.returncode == 0, chosen.stderr
     assert "| windows | zero-shot, choosing texts | conll2003, choosing texts | resume, choosing texts | mean |" in chosen.stdout
-    assert "| s8" in chosen.stdout and "| 160" in chosen.stdout and "| zero-shot |" in chosen.stdout
+    assert "| s24" in chosen.stdout and "| 160" in chosen.stdout and "| zero-shot |" in chosen.stdout
     name = chosen.stdout.split("windows: ", 1)[1].splitlines()[0]
     stored = json.loads((model / "ner_model.json").read_text(encoding="utf-8"))
-    assert name in ("s8", "160") and (stored["sentence_windows"], stored["window_tokens"]) == ((True, 8) if name == "s8" else (False, 160))
+    assert name in ("s24", "160") and (stored["sentence_windows"], stored["window_tokens"]) == ((True, 24) if name == "s24" else (False, 160))
     assert json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8")) == before
     with pytest.raises(SystemExit) as refused:  # before the model loads
         open_windows.main([*common, "--windows", "s48,fortyeight"])
