@@ -166,6 +166,15 @@ def test_a_label_may_be_asked_as_users_also_write_it_and_its_spans_go_under_that
     assert {s.label.lower() for s in plain.example.spans} == {"person", "location"}
 
 
+def test_the_names_a_model_trained_on_are_its_corpora_s_and_their_variants_never_a_held_out_corpus_s(data_dir: Path) -> None:
+    from training.open_data import trained_names, zero_shot_sets
+
+    trained = trained_names(data_dir / "open")
+    assert {"person", "organisation", "disease", "gene or gene product", "job title", "人名"} <= trained
+    harvey = next(s for s in zero_shot_sets(data_dir / "open", 1) if s.corpus == "harveyner")  # rivers, roads: no corpus trained on them
+    assert harvey.labels and not set(harvey.labels) & trained
+
+
 def test_a_label_its_record_does_not_hold_is_asked_less_often_with_absent_keep() -> None:
     import random
     from dataclasses import replace
@@ -303,6 +312,9 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
         assert score["micro_f1"] == pytest.approx(2 * p * r / (p + r) if p + r else 0.0, abs=0.02)
     assert result["zero_shot_average"] == pytest.approx(sum(result["scores"][c]["micro_f1"] for c in ZERO_SHOT_CORPORA) / 7, abs=0.01)
     assert result["described"] is False
+    held_out = [result["scores"][c]["per_label"] for c in ZERO_SHOT_CORPORA]  # every zero-shot answer is under one kind of name
+    for key in ("tp", "fp", "fn"):
+        assert sum(kind[key] for kind in result["by_name"].values()) == sum(c[key] for labels in held_out for c in labels.values())
     assert open_eval.main([*common, "--supervised-limit", "1", "--described"]) == 0  # in this process: one start is enough
     asked = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert asked["described"] is True and set(asked["scores"]) == set(result["scores"])

@@ -16,7 +16,8 @@ from corpora import Example, Span
 SpanKey = tuple[int, int, str]
 
 
-def _prf(tp: int, fp: int, fn: int) -> dict[str, float]:
+def prf(tp: int, fp: int, fn: int) -> dict[str, float]:
+    """Precision, recall and F1 (in %) of these counts, with the counts."""
     precision = tp / (tp + fp) if tp + fp else 0.0
     recall = tp / (tp + fn) if tp + fn else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
@@ -37,12 +38,12 @@ def span_f1(gold: Iterable[Iterable[SpanKey]], predicted: Iterable[Iterable[Span
         for span in g - p:
             fn[span[2]] += 1
     labels = sorted(set(tp) | set(fp) | set(fn))
-    micro = _prf(sum(tp.values()), sum(fp.values()), sum(fn.values()))
+    micro = prf(sum(tp.values()), sum(fp.values()), sum(fn.values()))
     return {
         "micro_f1": micro["f1"],
         "precision": micro["precision"],
         "recall": micro["recall"],
-        "per_label": {label: _prf(tp[label], fp[label], fn[label]) for label in labels},
+        "per_label": {label: prf(tp[label], fp[label], fn[label]) for label in labels},
     }
 
 

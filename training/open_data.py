@@ -325,6 +325,22 @@ def training_mixture(open_folder: str | Path, data_folder: str | Path, settings:
     return found
 
 
+def trained_names(open_folder: str | Path) -> set[str]:
+    """Every name, lower-cased, that the mixture may write a trained label as (descriptions aside):
+    the plain names and raw-label synonyms of the corpora with a train split (the held-out ones
+    left out), the supervised corpora's names, and :data:`NAME_VARIANTS` of them. A zero-shot label
+    among them is a name the model has seen, in another domain; the rest are names it never read."""
+    catalogue = Catalogue.read(open_folder)
+    names = {name.lower() for table in (SUPERVISED_NAMES, SUPERVISED_CHINESE) for labels in table.values() for name in labels.values()}
+    for corpus, infos in catalogue.labels.items():
+        if corpus in ZERO_SHOT_CORPORA or not (catalogue.folder / corpus / "train.jsonl").is_file():
+            continue
+        for info in infos.values():
+            names.add(info.name.lower())
+            names.add(raw_label_synonym(info.raw, info.name) or info.name.lower())
+    return names | {variant.lower() for name in names for variant in NAME_VARIANTS.get(name, ())}
+
+
 @dataclass(frozen=True)
 class ZeroShotSet:
     """One held-out corpus's records and the label names they are asked for (their source's, lower-cased)."""
