@@ -166,28 +166,6 @@ def test_a_label_may_be_asked_as_users_also_write_it_and_its_spans_go_under_that
     assert {s.label.lower() for s in plain.example.spans} == {"person", "location"}
 
 
-def test_a_label_may_be_asked_as_its_definition_or_together_with_another_as_a_or_b() -> None:
-    """``definition_rate``: the description alone is the label; ``union_rate``: two labels asked as
-    one question whose answers are the spans of both (a phrase to read, not a name to match)."""
-    import random
-
-    from training.open_data import LabelInfo, MixtureSettings, ask
-
-    example = Example(SENTENCE, [Span(0, 13, "PER"), Span(37, 42, "LOC")])
-    infos = {"PER": LabelInfo("PER", "person", "a human being"), "LOC": LabelInfo("LOC", "location", None)}
-    defined = ask(example, "conll2003", ["PER", "LOC"], infos, [], random.Random(0), MixtureSettings(
-        keep_label_min=1.0, description_rate=0.0, synonym_rate=0.0, definition_rate=1.0))
-    assert sorted(defined.labels) == ["a human being", "location"]  # a label without a description keeps its name
-    assert {SENTENCE[s.start:s.end]: s.label for s in defined.example.spans} == {"Angela Merkel": "a human being", "Paris": "location"}
-    for seed in range(10):
-        joined = ask(example, "conll2003", ["PER", "LOC"], infos, ["programming language"], random.Random(seed),
-                     MixtureSettings(keep_label_min=1.0, description_rate=0.0, synonym_rate=0.0, union_rate=1.0))
-        union = next(label for label in joined.labels if " or " in label)
-        assert union.lower() in ("person or location", "location or person")
-        assert sorted(joined.labels) == sorted([union, "programming language"])
-        assert [(SENTENCE[s.start:s.end], s.label) for s in joined.example.spans] == [("Angela Merkel", union), ("Paris", union)]
-
-
 def test_the_names_a_model_trained_on_are_its_corpora_s_and_their_variants_never_a_held_out_corpus_s(data_dir: Path) -> None:
     from training.open_data import trained_names, zero_shot_sets
 

@@ -105,8 +105,6 @@ class OpenTrainConfig(TrainConfig):
     description_rate: float = 0.1
     synonym_rate: float = 0.1
     variant_rate: float = 0.0
-    definition_rate: float = 0.0
-    union_rate: float = 0.0
     chinese_names_rate: float = 0.3
     ar_rate: float = 0.25
     #: Texts longer than this many characters are left out (the engine reads windows of a few sentences),

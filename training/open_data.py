@@ -12,9 +12,8 @@ names a query writes, and the names it is asked for. The rules, each in one plac
 * **Negatives**: a few domain-specific names of other domains (a name found in one domain group
   only, asked of a record of another), whose count is 0.
 * **How a label is written**: lower-cased names mostly (the zero-shot evaluation asks so), now
-  and then the name with its description, the description alone, the raw label as a synonym, or
-  another way users write the same type (:data:`NAME_VARIANTS`: "organisation", "misc", "film"),
-  or two labels asked as one ("disease or symptom": the spans of both), so that a name is read
+  and then the name with its description, the raw label as a synonym, or another way users write
+  the same type (:data:`NAME_VARIANTS`: "organisation", "misc", "film"), so that a name is read
   for its meaning rather than matched to a name of the training set.
 * **Balance**: records are drawn per corpus with weight ``size ** temperature`` (the 70,000
   biomedical sentences do not drown the rest), the supervised corpora with fixed shares.
@@ -214,8 +213,6 @@ class MixtureSettings:
     description_rate: float = 0.1  # per label: name and description
     synonym_rate: float = 0.1  # per label: the raw label, where it reads as another name
     variant_rate: float = 0.0  # per label: another way users write its name (NAME_VARIANTS), where it has one
-    definition_rate: float = 0.0  # per label: its description alone, a phrase to read rather than a name to match
-    union_rate: float = 0.0  # per record of two or more asked labels: two asked as one, "a or b", holding the spans of both
     chinese_names_rate: float = 0.3  # per Resume record: its Chinese names
     ar_rate: float = 0.25  # records also given the AR query with its label list
     #: Records longer than this many characters are cut into pieces of whole sentences of at most
@@ -236,14 +233,11 @@ def _written(info: LabelInfo, rng: random.Random, settings: MixtureSettings) -> 
     name = info.name if rng.random() < 0.15 else info.name.lower()
     if info.description and roll < settings.description_rate:
         return f"{name} ({info.description})"
-    if info.description and roll < settings.description_rate + settings.definition_rate:
-        return info.description
     synonym = raw_label_synonym(info.raw, info.name)
-    past = settings.description_rate + settings.definition_rate
-    if synonym and roll < past + settings.synonym_rate:
+    if synonym and roll < settings.description_rate + settings.synonym_rate:
         return synonym
     variants = NAME_VARIANTS.get(info.name.lower()) if settings.variant_rate else None
-    if variants and roll < past + settings.synonym_rate + settings.variant_rate:
+    if variants and roll < settings.description_rate + settings.synonym_rate + settings.variant_rate:
         return rng.choice(variants)
     return name
 
@@ -262,11 +256,6 @@ def ask(example: Example, corpus: str, source_labels: Sequence[str], infos: Mapp
         shown = _written(infos[raw], rng, settings)
         key = shown.lower()
         shown_for[raw] = written.setdefault(key, shown)
-    names = list(dict.fromkeys(shown_for.values()))
-    if settings.union_rate and len(names) >= 2 and rng.random() < settings.union_rate:
-        first, second = rng.sample(names, 2)
-        union = written.setdefault(f"{first} or {second}".lower(), f"{first} or {second}")
-        shown_for = {raw: union if shown in (first, second) else shown for raw, shown in shown_for.items()}
     spans = sorted({Span(s.start, s.end, shown_for[s.label]) for s in example.spans if s.label in shown_for},
                    key=lambda s: (s.start, s.end, s.label))
     labels = list(dict.fromkeys(shown_for.values()))

@@ -41,7 +41,7 @@ def mixture_settings(config: OpenTrainConfig) -> MixtureSettings:
                            temperature=config.temperature, supervised_shares=dict(config.supervised_shares),
                            keep_label_min=config.keep_label_min, absent_keep=config.absent_keep, negatives_max=config.negatives_max,
                            description_rate=config.description_rate, synonym_rate=config.synonym_rate,
-                           variant_rate=config.variant_rate, definition_rate=config.definition_rate, union_rate=config.union_rate,
+                           variant_rate=config.variant_rate,
                            chinese_names_rate=config.chinese_names_rate, ar_rate=config.ar_rate,
                            cut_chars=config.max_text_chars if config.cut_long_records else None, seed=config.seed)
 
