@@ -335,9 +335,7 @@ def trained_names(open_folder: str | Path) -> set[str]:
     for corpus, infos in catalogue.labels.items():
         if corpus in ZERO_SHOT_CORPORA or not (catalogue.folder / corpus / "train.jsonl").is_file():
             continue
-        for info in infos.values():
-            names.add(info.name.lower())
-            names.add(raw_label_synonym(info.raw, info.name) or info.name.lower())
+        names.update(written for info in infos.values() for written in (info.name.lower(), raw_label_synonym(info.raw, info.name)) if written)
     return names | {variant.lower() for name in names for variant in NAME_VARIANTS.get(name, ())}
 
 

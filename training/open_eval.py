@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,14 +58,12 @@ def by_name(scores: dict[str, dict], held_outs: Sequence[ZeroShotSet], trained: 
     """Micro precision, recall and F1 over every zero-shot corpus, apart for the labels asked by a
     name the model trained on (in another domain: "person", "disease") and by one it never read
     ("weapon", "river"): what the zero-shot average holds of each."""
-    totals = {"trained names": [0, 0, 0], "new names": [0, 0, 0]}
-    for held_out in held_outs:
+    totals: dict[str, Counter[str]] = {"trained names": Counter(), "new names": Counter()}
+    for held_out in held_outs:  # its labels are lower-cased, as trained names are
         for label in held_out.labels:
-            counts = scores[held_out.corpus]["per_label"].get(label, {"tp": 0, "fp": 0, "fn": 0})
-            total = totals["trained names" if label.lower() in trained else "new names"]
-            for i, key in enumerate(("tp", "fp", "fn")):
-                total[i] += counts[key]
-    return {kind: {key: round(value, 2) for key, value in prf(*counts).items()} for kind, counts in totals.items()}
+            totals["trained names" if label in trained else "new names"].update(scores[held_out.corpus]["per_label"].get(label, {}))
+    return {kind: {key: round(value, 2) for key, value in prf(counts["tp"], counts["fp"], counts["fn"]).items()}
+            for kind, counts in totals.items()}
 
 
 def score_seen_corpora(engine: NEREngine, data: Path, corpora: Sequence[str], limit: int, batch_size: int = 16,
