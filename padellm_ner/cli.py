@@ -161,11 +161,20 @@ def cmd_extract(args: argparse.Namespace) -> int:
     for model in dict.fromkeys(models):
         args.model = model
         options, engine = _options(args), _engine(args)
+        _note_unfamiliar(model, options.unfamiliar_labels(engine.ner_model.config))
         indices = [i for i, m in enumerate(models) if m == model]
         results.update(zip(indices, engine.extract_with(options, [texts[i] for i in indices])))
     for index, text in enumerate(texts):
         print(json.dumps({"text": text, **results[index].above(threshold).to_dict()}, ensure_ascii=False))
     return 0
+
+
+def _note_unfamiliar(model: str, names: list[str]) -> None:
+    """Tell stderr which labels an open model never trained on (:func:`ner_service.engine.labels.unfamiliar_names`)."""
+    from ner_service.engine.labels import unfamiliar_note
+
+    if names:
+        print(f"padellm-ner: {unfamiliar_note(model, names)}", file=sys.stderr)
 
 
 def _asked_as(args: argparse.Namespace, examples: list) -> list:

@@ -102,7 +102,20 @@ async def submit_job(request: JobRequest, session: SessionDep, owner: OwnerDep, 
     response.headers["Location"] = url
     return JobAccepted(job_id=job.public_id, document_ids=submission.document_ids, status=job.status, total=job.total,
                        model_version=job.model_version, strategy=job.strategy, decoder=job.decoder, labels=job.labels,
-                       flat_ner=job.flat_ner, status_url=url)
+                       flat_ner=job.flat_ner, unfamiliar_labels=_unfamiliar(job.labels), status_url=url)
+
+
+def _unfamiliar(labels: list | None) -> list[str]:
+    """The job's labels that the server's model, if open, never trained on (:func:`ner_service.engine.labels.unfamiliar_names`)."""
+    from pipeline.tasks import get_pool
+
+    if not labels:
+        return []
+    pool = get_pool()
+    try:
+        return pool.options(pool.default, labels=labels).unfamiliar_labels(pool.config(pool.default))
+    except (ModelNotFoundError, InvalidOptionsError):  # a replayed job's labels, checked when it was stored
+        return []
 
 
 def _store(request: JobRequest, session: Session, owner: str, key: str | None) -> Submission:

@@ -48,6 +48,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_jobs_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from ner_service.engine.labels import unfamiliar_note
     from ner_service.settings import get_settings
     from pipeline.routing import configured_pool
     from pipeline.runner import run_pending
@@ -56,7 +57,10 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
     sessions = _sessions()
     pool = configured_pool()
     labels = [label.strip() for label in args.labels.split(",") if label.strip()] if args.labels else None
-    pool.options(labels=labels, strategy=args.strategy, decoder=args.decoder, flat_ner=args.flat_ner)  # options the model cannot run fail here, before any job is created
+    options = pool.options(labels=labels, strategy=args.strategy, decoder=args.decoder, flat_ner=args.flat_ner)  # options the model cannot run fail here, before any job is created
+    unfamiliar = options.unfamiliar_labels(pool.config(pool.default))
+    if unfamiliar:
+        print(f"padellm-ner: {unfamiliar_note(pool.default, unfamiliar)}", file=sys.stderr)
     pool.engine(pool.default)  # ... and so does a model that cannot load
     bar: tqdm | None = None
 

@@ -110,6 +110,8 @@ class JobAccepted(BaseModel):
     decoder: str | None = None
     labels: list[str | dict[str, str | None]] | None = None
     flat_ner: bool = True
+    unfamiliar_labels: list[str] = Field(default_factory=list, description="labels the server's open model never trained on, asked "
+                                                                          "without a description: found far less often (POST /v1/entities)")
     status_url: str
 
 

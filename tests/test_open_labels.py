@@ -13,7 +13,7 @@ import pytest
 
 from corpora import Example, Span
 from ner_service.engine import NERModelConfig, prompts
-from ner_service.engine.labels import MAX_OPEN_LABELS, InvalidLabelsError, LabelSpec, label_specs
+from ner_service.engine.labels import MAX_OPEN_LABELS, InvalidLabelsError, LabelSpec, UnfamiliarLabelsWarning, label_specs, unfamiliar_names
 from ner_service.engine.options import ExtractOptions, InvalidOptionsError, UnknownLabelError
 from tests.conftest import REPO
 
@@ -203,6 +203,8 @@ def test_a_zero_shot_corpus_is_asked_its_names_or_with_their_definitions(data_di
     described = dict(zip(held_out.labels, held_out.asked(described=True)))
     assert described["weapon"] == {"name": "weapon", "description": held_out.descriptions["weapon"]}
     assert held_out.descriptions["weapon"] and len(held_out.descriptions["weapon"]) <= 100
+    person_too = dict(zip(held_out.labels, held_out.asked(described=True, bare={"person"})))  # a trained name left bare
+    assert person_too["person"] == "person" and person_too["weapon"] == described["weapon"] and "person" in held_out.descriptions
 
 
 def test_evaluate_scores_a_files_own_labels_on_an_open_model_under_the_names_asked(open_model_folder: Path, tmp_path: Path) -> None:
@@ -278,6 +280,54 @@ def test_the_python_face_and_the_spacy_component_take_open_labels(open_model_fol
     assert {(span.text, span.label_) for span in doc.ents} == {("Angela Merkel", "PER"), ("Emmanuel Macron", "PER"), ("Paris", "LOC")}
 
 
+def test_a_name_an_open_model_never_trained_on_asked_bare_is_unfamiliar_as_a_query_writes_it() -> None:
+    trained = ["location", "person", "restaurant name"]
+    specs = label_specs(["Location", "restaurant_name", "PERSON ", "weapon", {"name": "river", "description": "a stream of water"}], True)
+    assert unfamiliar_names(specs, trained) == ["weapon"]  # case, underscores and spaces as the query writes them; described: told
+    assert unfamiliar_names(specs, []) == []  # a model that lists no trained names (closed, or trained before they were listed)
+    config = NERModelConfig(name="open-x", labels=["person"], open_labels=True, trained_names=trained)
+    assert ExtractOptions("open-x", ("weapon", "person")).validated(config).unfamiliar_labels(config) == ["weapon"]
+    assert ExtractOptions("open-x").validated(config).unfamiliar_labels(config) == []  # its default labels
+
+
+def test_callers_of_python_spacy_and_the_cli_are_told_which_names_it_never_trained_on(open_model_folder: Path) -> None:
+    import warnings
+
+    import spacy
+
+    import padellm_ner
+
+    ner = padellm_ner.load(str(open_model_folder))
+    with pytest.warns(UnfamiliarLabelsWarning, match=r"never trained on the label name\(s\) 'weapon'.*ask that one") as told:
+        found = ner.predict_entities(SENTENCE, labels=["PER", "weapon", {"name": "river", "description": "a stream of water"}])
+    assert len(told) == 1 and "river" not in str(told[0].message)
+    assert {e["text"] for e in found if e["label"] == "PER"} >= {"Angela Merkel"}  # still answered
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # names it knows, or described ones: nothing to tell
+        ner.predict_entities(SENTENCE, labels=["PER", {"name": "weapon", "description": "a gun or a bomb"}])
+        spacy.blank("en").add_pipe("padellm_ner", config={"model": str(open_model_folder), "labels": ["PER"]})
+    with pytest.warns(UnfamiliarLabelsWarning, match="'river'"):  # once, when the pipeline is built
+        spacy.blank("en").add_pipe("padellm_ner", config={"model": str(open_model_folder), "labels": ["PER", "river"]})
+    cli = subprocess.run([sys.executable, "-m", "padellm_ner.cli", "extract", "--model", str(open_model_folder), "--labels",
+                          "PER,weapon", SENTENCE], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert cli.returncode == 0, cli.stderr
+    assert "never trained on the label name(s) 'weapon'" in cli.stderr and '{"name": "weapon", "description": "..."}' in cli.stderr
+    assert {e["text"] for e in json.loads(cli.stdout)["entities"] if e["label"] == "PER"} >= {"Angela Merkel"}
+
+
+def test_the_open_recipe_writes_the_names_it_trains_on_into_its_model(data_dir: Path) -> None:
+    from training.configs import OpenTrainConfig
+    from training.open_data import trained_names
+    from training.open_trainer import open_ner_config
+
+    class Tokenizer:
+        eos_token = "<eos>"
+
+    config = open_ner_config(OpenTrainConfig(base="gemma3-270m", train=str(data_dir / "open"), output="unused", name="open-x"), Tokenizer())
+    assert config.open_labels and config.trained_names == sorted(trained_names(data_dir / "open"))
+    assert "person" in config.trained_names and "weapon" not in config.trained_names  # re3d's, a held-out corpus
+
+
 def _writable_copy(folder: Path, to: Path) -> Path:
     """``folder`` with its own ``ner_model.json`` (to write into) and its weights linked."""
     to.mkdir()
@@ -311,13 +361,13 @@ def test_open_eval_scores_held_out_corpora_and_fits_the_score_map_where_users_as
         p, r = score["precision"], score["recall"]
         assert score["micro_f1"] == pytest.approx(2 * p * r / (p + r) if p + r else 0.0, abs=0.02)
     assert result["zero_shot_average"] == pytest.approx(sum(result["scores"][c]["micro_f1"] for c in ZERO_SHOT_CORPORA) / 7, abs=0.01)
-    assert result["described"] is False
+    assert result["described"] is None and result["skip"] == 0
     held_out = [result["scores"][c]["per_label"] for c in ZERO_SHOT_CORPORA]  # every zero-shot answer is under one kind of name
     for key in ("tp", "fp", "fn"):
         assert sum(kind[key] for kind in result["by_name"].values()) == sum(c[key] for labels in held_out for c in labels.values())
-    assert open_eval.main([*common, "--supervised-limit", "1", "--described"]) == 0  # in this process: one start is enough
+    assert open_eval.main([*common, "--supervised-limit", "1", "--described", "new", "--skip", "2"]) == 0  # in this process
     asked = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert asked["described"] is True and set(asked["scores"]) == set(result["scores"])
+    assert asked["described"] == "new" and asked["skip"] == 2 and set(asked["scores"]) == set(result["scores"])
 
     before = json.loads((open_model_folder / "ner_model.json").read_text(encoding="utf-8"))["score_calibration"]
     assert open_eval.main([*common, "--calibrate", "--write"]) == 0
@@ -346,6 +396,9 @@ def test_open_eval_scores_corpora_trained_on_asked_as_the_held_out_ones(open_mod
         with pytest.raises(SystemExit) as stopped:
             open_eval.main([str(open_model_folder), "--data", str(data_dir), "--seen", seen])
         assert stopped.value.code == 2 and problem in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:  # before the model loads
+        open_eval.main([str(open_model_folder), "--data", str(data_dir), "--skip", "-1"])
+    assert stopped.value.code == 2 and "--skip: a number of texts, 0 or more" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ import csv
 import json
 import random
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -350,11 +350,11 @@ class ZeroShotSet:
     #: Each name's one-line definition from labels.tsv, where it has one (what a user may add as its description).
     descriptions: dict[str, str] = field(default_factory=dict)
 
-    def asked(self, described: bool = False) -> list[object]:
+    def asked(self, described: bool = False, bare: Collection[str] = ()) -> list[object]:
         """The labels as a request writes them: names, or with ``described`` each name that has a
-        definition as ``{"name": ..., "description": ...}``."""
-        return [{"name": name, "description": self.descriptions[name]} if described and name in self.descriptions else name
-                for name in self.labels]
+        definition, and is not among ``bare``, as ``{"name": ..., "description": ...}``."""
+        return [{"name": name, "description": self.descriptions[name]} if described and name in self.descriptions and name not in bare
+                else name for name in self.labels]
 
 
 def zero_shot_sets(open_folder: str | Path, limit: int = 100, seed: int = 0, corpora: Sequence[str] = ZERO_SHOT_CORPORA) -> list[ZeroShotSet]:

@@ -40,18 +40,22 @@ def named(examples: list[Example], names: dict[str, str]) -> list[Example]:
 
 
 def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit: int, batch_size: int = 16,
-                     described: bool = False, flat_ner: bool = True) -> dict:
-    """Micro-F1 (precision, recall) of each zero-shot corpus and of each supervised dev (first ``supervised_limit``
-    texts; None: all), and the zero-shot average; ``described``: the zero-shot labels asked with their
-    definitions from labels.tsv as descriptions, where they have one; ``flat_ner`` False: overlapping entities kept."""
-    held_outs = zero_shot_sets(data / "open", limit)
-    asked = [(h.corpus, h.examples, h.asked(described), h.split) for h in held_outs]
+                     described: str | None = None, flat_ner: bool = True, skip: int = 0) -> dict:
+    """Micro-F1 (precision, recall) of each zero-shot corpus (its ``limit`` texts after the first
+    ``skip``: 0 the reported texts, 100 the choosing ones) and of each supervised dev (first
+    ``supervised_limit`` texts; None: all), and the zero-shot average; ``described`` "all": the
+    zero-shot labels asked with their definitions from labels.tsv as descriptions, where they have
+    one, "new": only the names the model never trained on; ``flat_ner`` False: overlapping entities kept."""
+    trained = trained_names(data / "open")
+    held_outs = [replace(h, examples=h.examples[skip:]) for h in zero_shot_sets(data / "open", skip + limit)]
+    asked = [(h.corpus, h.examples, h.asked(described is not None, bare=trained if described == "new" else ()), h.split)
+             for h in held_outs]
     for corpus, relative in SUPERVISED_DEV.items():
         examples = named(read_corpus(str(data / relative))[:supervised_limit], SUPERVISED_NAMES[corpus])
         asked.append((corpus, examples, sorted(set(SUPERVISED_NAMES[corpus].values())), "dev"))
     scores = _scores(engine, asked, batch_size, flat_ner)
     zero_shot = statistics.fmean(scores[h.corpus]["micro_f1"] for h in held_outs)
-    return {"zero_shot_average": round(zero_shot, 2), "by_name": by_name(scores, held_outs, trained_names(data / "open")), "scores": scores}
+    return {"zero_shot_average": round(zero_shot, 2), "by_name": by_name(scores, held_outs, trained), "scores": scores}
 
 
 def by_name(scores: dict[str, dict], held_outs: Sequence[ZeroShotSet], trained: set[str]) -> dict[str, dict]:
@@ -227,8 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="append one JSON line per scored model to this file")
     parser.add_argument("--seen", default=None, metavar="CORPUS,...", help="score these corpora trained on instead (their dev texts, "
                                                                            "asked as the zero-shot corpora are: labels seen in training)")
-    parser.add_argument("--described", action="store_true", help="ask each zero-shot label with its one-line definition from "
-                                                                 "labels.tsv as its description (where it has one)")
+    parser.add_argument("--described", nargs="?", const="all", choices=("all", "new"), default=None,
+                        help="ask each zero-shot label with its one-line definition from labels.tsv as its description (where it "
+                             "has one); 'new': only the names the model never trained on")
+    parser.add_argument("--skip", type=int, default=0, help="score each zero-shot corpus's --limit texts after the first SKIP "
+                                                            "(100 with --limit 50: the texts settings are chosen on)")
     parser.add_argument("--flat-ner", action=argparse.BooleanOptionalAction, default=True,
                         help="entities never overlap (default); --no-flat-ner keeps every label's, as corpora that nest them "
                              "or give a span two labels are annotated (sofc_exp, gum)")
@@ -245,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="with --calibrate or --choose-quantile: write the map or the quantile "
                                                              "into the model's ner_model.json")
     args = parser.parse_args(argv)
+    if args.skip < 0:
+        parser.error(f"--skip: a number of texts, 0 or more, not {args.skip}")
     data, target = Path(args.data), Path(args.model)
 
     def load_model() -> NEREngine:
@@ -284,7 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = {"model": str(target), "snapshot": snapshot.name if snapshot else ("baseline" if args.baseline else None),
                   "train_minutes": round(saved.get("seconds", 0) / 60, 1) if saved else None, "step": saved.get("step") if saved else None,
                   "described": args.described, "flat_ner": args.flat_ner,
-                  **score_open_model(engine, data, args.limit, args.supervised_limit, described=args.described, flat_ner=args.flat_ner),
+                  "skip": args.skip, **score_open_model(engine, data, args.limit, args.supervised_limit, described=args.described,
+                                                        flat_ner=args.flat_ner, skip=args.skip),
                   "eval_seconds": round(time.perf_counter() - began)}
         print(json.dumps(result, ensure_ascii=False), flush=True)
         if args.json:

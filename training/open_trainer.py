@@ -28,7 +28,7 @@ from training.configs import OpenTrainConfig
 from training.examples import TrainingRow, build_row
 from training.loop import LoopSettings, run_loop
 from training.loss import answer_loss, inner_model
-from training.open_data import MixtureSettings, training_mixture
+from training.open_data import MixtureSettings, trained_names, training_mixture
 from training.precision import resolve_precision
 from training.trainer import prepare_model, save_model
 
@@ -67,11 +67,12 @@ def open_rows(config: OpenTrainConfig, tokenizer) -> list[TrainingRow]:
 
 
 def open_ner_config(config: OpenTrainConfig, tokenizer) -> NERModelConfig:
-    """``ner_model.json`` of an open model: any labels at call time, ``config.labels`` by default."""
+    """``ner_model.json`` of an open model: any labels at call time, ``config.labels`` by default, and
+    the names it trained on, which its callers are told of (:func:`ner_service.engine.labels.unfamiliar_names`)."""
     return NERModelConfig(name=config.name, labels=list(config.labels or []), base=SELF_CONTAINED if config.full else config.base,
                           language=config.language, eos_token=tokenizer.eos_token, open_labels=True,
                           answers_past_count=config.past_count_queries, sentence_windows=config.sentence_windows,
-                          window_tokens=config.window_tokens)
+                          window_tokens=config.window_tokens, trained_names=sorted(trained_names(config.train)))
 
 
 def train_open(config: OpenTrainConfig) -> dict:

@@ -2,7 +2,8 @@
 
 It reads the models and labels from ``/v1/models``, posts to ``/v1/entities`` and highlights the
 entities by label, with a legend of the requested labels (entities found per label) and the timing;
-an open-label model's labels are typed, any names, its default ones to start from.
+an open-label model's labels are typed, any names, its default ones to start from, and a note
+says which of them it never trained on.
 User text is only ever inserted as DOM text nodes. The API's offsets count code points (Python
 ``str``) and JavaScript strings are UTF-16, so the page slices the text as an array of code points:
 an emoji or a flag before an entity would otherwise shift its highlight.
@@ -52,6 +53,7 @@ PAGE = """<!doctype html>
 <div id="legend"></div>
 <div id="result" aria-live="polite"></div>
 <p id="timing"></p>
+<p id="note"></p>
 <script>
 "use strict";
 const PALETTE = ["#ffd166", "#8ecae6", "#b8e986", "#f4a3c0", "#cdb4db", "#ffb703", "#90e0ef", "#caffbf", "#ffadad", "#bdb2ff"];
@@ -179,6 +181,9 @@ $("form").addEventListener("submit", async (event) => {
     render(text, result.entities, typed ? answer.labels : currentModel().labels, answer.labels);
     $("timing").textContent = result.entities.length + " entities in " + answer.elapsed_ms.toFixed(1) + " ms (engine " +
       result.stats.latency_ms.toFixed(1) + " ms, " + result.stats.forward_passes + " forward passes, " + answer.strategy + ", " + answer.model + ")";
+    $("note").textContent = answer.unfamiliar_labels.length === 0 ? "" : answer.model + " never trained on " +
+      answer.unfamiliar_labels.map((name) => JSON.stringify(name)).join(", ") + ": it finds such types far less often; " +
+      "where a name it trained on fits (trained_names of GET /v1/models), ask that one.";
     showError("");
   } catch (error) { showError(error.message); }
   finally { $("submit").disabled = false; document.body.dataset.state = "done"; }

@@ -155,6 +155,9 @@ class EntitiesResponse(BaseModel):
                                                  "constrained re-ask of a decoder that shares the cache, copy for answers restricted to "
                                                  "the text's spans; none for `fast_dllm`")
     results: list[TextResult]
+    unfamiliar_labels: list[str] = Field(description="labels asked of an open model by a name it never trained on, without a "
+                                                     "description: it finds such types far less often; a description or a name it "
+                                                     "knows helps (`trained_names` of `GET /v1/models`)")
     elapsed_ms: float = Field(description="time spent in the server, queueing included")
 
 
@@ -165,6 +168,7 @@ class ModelInfo(BaseModel):
     language: str
     labels: list[str] = Field(description="the labels answered when a request names none")
     open_labels: bool = Field(description="takes any label names at call time (an open-label model); else only its `labels`")
+    trained_names: list[str] = Field(description="an open model: the label names it trained on (lower-cased), those it finds best")
     base: str
     adapter: bool = Field(description="a LoRA adapter on ``base`` (else a self-contained model)")
     dev_f1: float | None = Field(description="PaDeLLM micro-F1 on the dev set, when recorded")

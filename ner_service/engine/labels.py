@@ -4,13 +4,15 @@ A caller names labels as strings or as ``{"name": ..., "description": ...}`` (a 
 A model trained for its own labels answers those only; an open model (``open_labels`` in its
 ``ner_model.json``) answers any name, its description (when given) written beside the name in
 the query. The rules for a list of open labels are here, in one place: every entry point (API,
-CLI, spaCy, batch jobs, Python) checks labels through :func:`label_specs`.
+CLI, spaCy, batch jobs, Python) checks labels through :func:`label_specs`, and says which names
+the model never trained on through :func:`unfamiliar_names`.
 """
 
 from __future__ import annotations
 
+import json
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ner_service.engine import prompts
@@ -27,6 +29,10 @@ MAX_REQUEST_LABEL_CHARS = 2_000
 
 class InvalidLabelsError(ValueError):
     """A label list that cannot be asked: the message says which entry and why."""
+
+
+class UnfamiliarLabelsWarning(UserWarning):
+    """Labels asked of an open model by names it never trained on (:func:`unfamiliar_names`)."""
 
 
 @dataclass(frozen=True)
@@ -93,3 +99,20 @@ def label_specs(entries: Iterable[object], open_labels: bool) -> tuple[LabelSpec
             raise InvalidLabelsError(problem)
         seen |= {spec.name, spec.prompt}
     return specs
+
+
+def unfamiliar_names(specs: Iterable[LabelSpec], trained_names: Collection[str]) -> list[str]:
+    """The names among ``specs``, asked without a description, that an open model never trained on
+    (``trained_names``, lower-cased, from its ``ner_model.json``; none listed: none unfamiliar).
+    An open model finds a type it never read far less often than one it did (docs/open_labels.md):
+    its callers are told, so that they may ask a name it knows where one fits. Names compare as a
+    query writes them, lower-cased."""
+    known = set(trained_names)
+    return [s.name for s in specs if known and not s.description and s.prompt.lower() not in known]
+
+
+def unfamiliar_note(model: str, names: Sequence[str]) -> str:
+    """What a caller is told of :func:`unfamiliar_names`: which, why it matters, what to do."""
+    return (f"{model} never trained on the label name(s) {', '.join(map(repr, names))}: it finds such types far less often; "
+            f"where a name it trained on fits (trained_names in its ner_model.json), ask that one; a description "
+            f"({{\"name\": {json.dumps(names[0])}, \"description\": \"...\"}}) helps a little")

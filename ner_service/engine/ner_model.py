@@ -70,6 +70,7 @@ class NERModelConfig:
     diffusion_causal_prompt: bool = False  # ... and keeps its prompt causal (only the answer is bidirectional)
     diffusion_threshold: float = 0.9  # Fast-dLLM unmasks the run of positions more confident than this (chosen per model)
     open_labels: bool = False  # takes any label names (and descriptions) at call time (training/open_trainer.py)
+    trained_names: list[str] = field(default_factory=list)  # an open model: the label names it trained on, lower-cased (labels.unfamiliar_names)
     score_calibration: dict[str, dict[str, float]] = field(default_factory=dict)  # per strategy: Platt slope, intercept (score_calibration.py)
     metrics: dict[str, Any] = field(default_factory=dict)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from general_decoding import UnknownDecoderError, available_decoders
 from ner_service.engine.defaults import DEFAULT_DECODER, DEFAULT_STRATEGY
-from ner_service.engine.labels import InvalidLabelsError, LabelSpec, label_specs
+from ner_service.engine.labels import InvalidLabelsError, LabelSpec, label_specs, unfamiliar_names
 from ner_service.engine.ner_model import NERModelConfig, shipped_models_that
 from ner_service.engine.option_errors import RENAMED_OPTIONS, InvalidOptionsError, refuse_renamed  # noqa: F401 (torch-free)
 from ner_service.engine.strategies import UnknownStrategyError, available_strategies, strategy_class
@@ -74,6 +74,11 @@ class ExtractOptions:
         """The validated labels with their descriptions."""
         described = dict(self.descriptions)
         return tuple(LabelSpec(name, described.get(name)) for name in self.labels or ())
+
+    def unfamiliar_labels(self, config: NERModelConfig) -> list[str]:
+        """The validated labels that the open model of ``config`` never trained on, asked without a
+        description (:func:`.labels.unfamiliar_names`): what its callers are told of."""
+        return unfamiliar_names(self.label_specs(), config.trained_names)
 
 
 def _labels(labels: tuple[object, ...] | None, config: NERModelConfig, model: str) -> tuple[LabelSpec, ...]:

@@ -139,9 +139,28 @@ def test_models_are_listed_from_their_config(client: TestClient) -> None:
         config = NERModelConfig.read(resolve_ner_model(model["name"]))
         assert model["labels"] == config.labels and model["language"] == config.language and model["base"] == config.base
         assert model["adapter"] == (config.base != ".") and model["open_labels"] == config.open_labels
+        assert model["trained_names"] == config.trained_names and bool(model["trained_names"]) == config.open_labels
         assert model["default"] == (model["name"] == TINY)
         assert model["loaded"] == (model["name"] == TINY)  # listing loads nothing
     assert [m["name"] for m in body["models"] if m["open_labels"]] == [m for m in ("open",) if m in shipped_model_names()]
+
+
+def test_an_open_model_says_which_labels_it_never_trained_on_and_still_answers_them(make_client, open_model_folder) -> None:
+    client = make_client(ner_model=str(open_model_folder))
+    text = "Angela Merkel met Emmanuel Macron in Paris ."
+    labels = ["PER", "weapon", {"name": "river", "description": "a stream of water"}, "Location"]
+    response = client.post("/v1/entities", json={"text": text, "labels": labels})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["unfamiliar_labels"] == ["weapon"]  # "river" is described, "Location" a name it trained on
+    assert ("Angela Merkel", "PER") in {(e["text"], e["label"]) for e in body["results"][0]["entities"]}
+    assert client.post("/v1/entities", json={"text": text}).json()["unfamiliar_labels"] == []  # its default labels
+    [listed] = [m for m in client.get("/v1/models").json()["models"] if m["name"] == body["model"]]
+    assert listed["open_labels"] and "person" in listed["trained_names"] and "weapon" not in listed["trained_names"]
+
+
+def test_a_model_of_its_own_labels_has_no_unfamiliar_ones(client: TestClient) -> None:
+    assert client.post("/v1/entities", json={"text": TEXTS[0], "labels": ["PER"]}).json()["unfamiliar_labels"] == []
 
 
 @pytest.mark.slow

@@ -135,7 +135,12 @@ def test_an_open_label_model_is_asked_the_labels_typed_on_the_page(server: str, 
     assert _highlights(browser) == [("Angela Merkel", "person"), ("Emmanuel Macron", "person"), ("Paris", "city")]
     assert [s.text for s in browser.find_elements(By.CSS_SELECTOR, "#legend span")] == ["city (1)", "person (2)"]
     assert "forward passes, padellm, open)" in timing
+    assert browser.find_element(By.ID, "note").text == ""  # names it trained on
     _screenshot(browser, tmp_path, "page_open_labels.png")
+    typed.clear()
+    typed.send_keys("person, weapon")
+    _submit(browser, "padellm", set())
+    assert browser.find_element(By.ID, "note").text.startswith('open never trained on "weapon": it finds such types far less often; where a name it trained on fits')
 
 
 def _rendered(driver) -> tuple[list[tuple[str, str]], str]:

@@ -121,6 +121,22 @@ def test_bad_requests_get_clear_errors(client: TestClient, payload: dict, code: 
     assert answer.status_code == code and fragment in answer.text, answer.text
 
 
+def test_a_job_on_an_open_model_says_which_labels_it_never_trained_on(migrated: str, redis_db13: str, open_model_folder,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from ner_service.settings import Settings, get_settings
+    from padellm_ner.asgi import create_app
+
+    monkeypatch.setenv("NER_MODEL", str(open_model_folder))  # the jobs' pool reads the process's settings
+    get_settings.cache_clear()
+    client = TestClient(create_app(Settings(ner_model=str(open_model_folder), ner_api_keys="", database_url=migrated)))
+    job = client.post("/v1/jobs", json={"documents": [{"text": "Angela Merkel met Emmanuel Macron in Paris ."}],
+                                        "labels": ["person", "weapon", {"name": "river", "description": "a stream of water"}]})
+    assert job.status_code == 202, job.text
+    assert job.json()["unfamiliar_labels"] == ["weapon"] and job.json()["labels"][1] == "weapon"  # asked all the same
+    plain = client.post("/v1/jobs", json={"documents": [{"text": "Paris ."}], "labels": ["person"]})
+    assert plain.status_code == 202 and plain.json()["unfamiliar_labels"] == []
+
+
 def test_conflicting_external_id_and_unknown_ids(client: TestClient) -> None:
     assert client.post("/v1/jobs", json={"documents": [{"text": "one", "external_id": "e"}]}).status_code == 202
     conflict = client.post("/v1/jobs", json={"documents": [{"text": "two", "external_id": "e"}]})

@@ -107,5 +107,6 @@ async def extract_entities(body: EntitiesRequest, request: Request, state: State
                        stats=StatsOut(**extraction.stats.to_dict()))
             for extraction in extractions
         ],
+        unfamiliar_labels=options.unfamiliar_labels(state.pool.config(options.model)),
         elapsed_ms=(time.perf_counter() - began) * 1000,
     )

@@ -21,7 +21,8 @@ async def list_models(state: StateDep) -> ModelsResponse:
     for name in pool.names():
         config = pool.config(name)
         models.append(ModelInfo(
-            name=name, language=config.language, labels=config.labels, open_labels=config.open_labels, base=config.base,
+            name=name, language=config.language, labels=config.labels, open_labels=config.open_labels,
+            trained_names=config.trained_names, base=config.base,
             adapter=config.base != SELF_CONTAINED, dev_f1=dev_f1(config.metrics),
             default=name == pool.default, loaded=pool.is_loaded(name),
         ))
