@@ -310,6 +310,13 @@ def cmd_models(args: argparse.Namespace) -> int:
     from ner_service.engine.model_metrics import dev_scores, ms_per_text
     from ner_service.engine.ner_model import SELF_CONTAINED, NERModelConfig, named_model_names, resolve_ner_model
 
+    if args.trained_names is not None:
+        config = NERModelConfig.read(resolve_ner_model(args.trained_names))
+        if not config.trained_names:
+            raise SystemExit(f"error: {args.trained_names} lists no trained names (an open model does; this one "
+                             f"{'was trained before they were listed' if config.open_labels else 'answers its own labels: ' + ','.join(config.labels)})")
+        print("\n".join(config.trained_names))
+        return 0
     for name in named_model_names():
         config = NERModelConfig.read(resolve_ner_model(name))
         base = "self-contained" if config.base == SELF_CONTAINED else config.base
@@ -416,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     scores.set_defaults(func=cmd_calibrate_scores)
 
     models = sub.add_parser("models", help="list the models chosen by name: the shipped ones, then those in PADELLM_NER_MODEL_PATH")
+    models.add_argument("--trained-names", metavar="MODEL", default=None,
+                        help="print the label names an open model trained on instead, one a line (those it finds best)")
     models.set_defaults(func=cmd_models)
 
     prepare = sub.add_parser("prepare", help="assemble and de-quantise the bases of the wheels into the cache now "

@@ -95,6 +95,13 @@ def test_models_lists_the_shipped_models_and_those_on_the_model_path() -> None:
     assert "base=." not in done.stdout and "base=self-contained" in done.stdout  # the tiny model holds its own weights
     [open_line] = [line for line in done.stdout.splitlines() if line.startswith("open ")]
     assert "labels=any (default person,organization,location,miscellaneous)" in open_line  # an open model takes any names
+    names = run("models", "--trained-names", "open")
+    assert names.returncode == 0 and {"person", "disease", "restaurant name"} <= set(names.stdout.splitlines())
+    assert "weapon" not in names.stdout.splitlines()  # a held-out corpus's name
+    closed = run("models", "--trained-names", "en-conll03")
+    assert closed.returncode == 1 and "lists no trained names" in closed.stderr and "LOC,MISC,ORG,PER" in closed.stderr
+    unknown = run("models", "--trained-names", "nosuch")
+    assert unknown.returncode != 0 and "nosuch" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
 TINY_BASE = str(TINY_DIR)

@@ -114,5 +114,5 @@ def unfamiliar_names(specs: Iterable[LabelSpec], trained_names: Collection[str])
 def unfamiliar_note(model: str, names: Sequence[str]) -> str:
     """What a caller is told of :func:`unfamiliar_names`: which, why it matters, what to do."""
     return (f"{model} never trained on the label name(s) {', '.join(map(repr, names))}: it finds such types far less often; "
-            f"where a name it trained on fits (trained_names in its ner_model.json), ask that one; a description "
+            f"where a name it trained on fits (padellm-ner models --trained-names {model}), ask that one; a description "
             f"({{\"name\": {json.dumps(names[0])}, \"description\": \"...\"}}) helps a little")
