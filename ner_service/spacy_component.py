@@ -12,7 +12,6 @@ every label's entities, overlapping ones too, go to the span group ``doc.spans["
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from spacy.tokens import Doc, Span
 from spacy.util import filter_spans, minibatch
 
 from ner_service.engine import EnginePool, Extraction, ExtractOptions, default_model_for_language
-from ner_service.engine.labels import UnfamiliarLabelsWarning, unfamiliar_note
+from ner_service.engine.labels import warn_unfamiliar
 from ner_service.engine.options import refuse_renamed
 from ner_service.engine.results import checked_threshold
 
@@ -58,9 +57,8 @@ class PaDeLLMNER:
         self.options: ExtractOptions = self.pool.options(model, labels=labels, strategy=strategy, decoder=decoder, flat_ner=flat_ner)
         self.configured_labels = labels  # as given (None: the model's labels; an open model takes any names), for to_disk
         self.batch_size = batch_size
-        unfamiliar = self.options.unfamiliar_labels(self.pool.config(self.options.model))
-        if unfamiliar:  # once, when the pipeline is built: its labels do not change between docs
-            warnings.warn(UnfamiliarLabelsWarning(unfamiliar_note(self.options.model, unfamiliar)), stacklevel=2)
+        # once, when the pipeline is built: its labels do not change between docs
+        warn_unfamiliar(self.options.model, self.options.unfamiliar_labels(self.pool.config(self.options.model)), stacklevel=2)
 
     @property
     def labels(self) -> tuple[str, ...]:

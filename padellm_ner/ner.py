@@ -14,7 +14,6 @@ whose score (the probability the model gave them) is below it; by default none, 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,16 +56,14 @@ class PadeLLMNER:
         """The engine's :class:`Extraction` of each text (entities and the batch's cost), below
         ``threshold`` dropped; ``flat_ner`` False keeps overlapping entities (nested spans, and
         one span under several labels)."""
-        from ner_service.engine.labels import UnfamiliarLabelsWarning, unfamiliar_note
+        from ner_service.engine.labels import warn_unfamiliar
         from ner_service.engine.results import checked_threshold
 
         if isinstance(texts, str):
             raise TypeError("texts must be a list of strings (predict_entities takes one string)")
         threshold = checked_threshold(threshold)
         options = self.engine.options(labels, strategy or self.strategy, decoder or self.decoder, flat_ner)
-        unfamiliar = options.unfamiliar_labels(self.engine.ner_model.config)
-        if unfamiliar:
-            warnings.warn(UnfamiliarLabelsWarning(unfamiliar_note(self.name, unfamiliar)), stacklevel=3)
+        warn_unfamiliar(self.name, options.unfamiliar_labels(self.engine.ner_model.config), stacklevel=3)
         return [result.above(threshold) for result in self.engine.extract_with(options, list(texts))]
 
     def predict_entities(self, text: str, labels: Sequence[Label] | None = None, threshold: float | None = DEFAULT_THRESHOLD,

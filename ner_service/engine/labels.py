@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+import warnings
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -116,3 +117,10 @@ def unfamiliar_note(model: str, names: Sequence[str]) -> str:
     return (f"{model} never trained on the label name(s) {', '.join(map(repr, names))}: it finds such types far less often; "
             f"where a name it trained on fits (padellm-ner models --trained-names {model}), ask that one; a description "
             f"({{\"name\": {json.dumps(names[0])}, \"description\": \"...\"}}) helps a little")
+
+
+def warn_unfamiliar(model: str, names: Sequence[str], stacklevel: int = 2) -> None:
+    """Warn a Python caller (:class:`UnfamiliarLabelsWarning`) of ``names`` from :func:`unfamiliar_names`, if any;
+    ``stacklevel`` as :func:`warnings.warn` counts it from the caller of this function."""
+    if names:
+        warnings.warn(UnfamiliarLabelsWarning(unfamiliar_note(model, names)), stacklevel=stacklevel + 1)
