@@ -126,6 +126,45 @@ def test_the_open_mixture_asks_only_its_sources_labels_or_other_domains_and_neve
                 assert any(written == name or written.startswith(f"{name} (") for name in own | specific), (e.corpus, label)
 
 
+def test_the_corpora_held_out_are_a_setting_the_mixture_and_the_names_it_trains_on_follow(data_dir: Path) -> None:
+    """``held_out``: a run may train on corpora the recipe holds out and hold out others instead;
+    the mixture draws no record of a corpus held out, and the trained names follow."""
+    from training.open_data import Catalogue, MixtureSettings, trained_names, training_mixture
+
+    catalogue = Catalogue.read(data_dir / "open")
+    kept = {"re3d", "harveyner"}
+    held_out = tuple(sorted(set(catalogue.corpora()) - kept))
+    mixture = training_mixture(data_dir / "open", data_dir, MixtureSettings(records=200, held_out=held_out, seed=1))
+    assert {e.corpus for e in mixture} - {"conll2003", "resume"} == kept
+    assert "weapon" not in trained_names(data_dir / "open") and {"weapon", "river", "road"} <= trained_names(data_dir / "open", ("slurp",))
+    with pytest.raises(ValueError, match="held_out: no corpus 'nosuch'"):
+        training_mixture(data_dir / "open", data_dir, MixtureSettings(records=10, held_out=("nosuch",)))
+    only_two = trained_names(data_dir / "open", held_out)
+    assert {"weapon", "river", "person"} <= only_two and "disease" not in only_two  # theirs and the supervised corpora's
+
+
+def test_weibo_may_join_the_mixture_its_named_places_asked_as_locations_and_its_nominal_mentions_never(data_dir: Path) -> None:
+    """Weibo's named entities by plain (or Chinese) name, its geo-political entities under "location"
+    as the news corpora annotate them; a supervised corpus the mixture has no names for is refused."""
+    from dataclasses import replace
+
+    from corpora import read_corpus
+    from training.open_data import MixtureSettings, training_mixture
+
+    plain = MixtureSettings(records=200, supervised_shares={"weibo/train.txt": 0.5}, negatives_max=0, description_rate=0.0,
+                            synonym_rate=0.0, keep_label_min=1.0, seed=2)
+    weibo = [e for e in training_mixture(data_dir / "open", data_dir, plain) if e.corpus == "weibo"]
+    assert len(weibo) == 100
+    assert {label.lower() for e in weibo for label in e.labels} <= {"person", "organization", "location", "人名", "机构", "地名"}
+    places = [e.example.text[s.start:s.end] for e in weibo for s in e.example.spans if s.label.lower() in ("location", "地名")]
+    named_gpe = {e.text[s.start:s.end] for e in read_corpus(str(data_dir / "weibo" / "train.txt")) for s in e.spans if s.label == "GPE.NAM"}
+    assert set(places) & named_gpe
+    for e in weibo:
+        assert {s.label for s in e.example.spans} <= set(e.labels)
+    with pytest.raises(ValueError, match="'nosuch/train.txt' is none of the supervised corpora"):
+        training_mixture(data_dir / "open", data_dir, replace(plain, supervised_shares={"nosuch/train.txt": 0.1}))
+
+
 def test_a_long_record_is_cut_into_sentence_pieces_and_a_label_cut_through_is_not_asked_there() -> None:
     """``cut_long_records``: a record over ``max_text_chars`` is trained on in pieces of whole
     sentences (it was left out: most records of gum, wlp, biored, nerel_ru, chinese_literature)."""
@@ -326,6 +365,9 @@ def test_the_open_recipe_writes_the_names_it_trains_on_into_its_model(data_dir: 
     config = open_ner_config(OpenTrainConfig(base="gemma3-270m", train=str(data_dir / "open"), output="unused", name="open-x"), Tokenizer())
     assert config.open_labels and config.trained_names == sorted(trained_names(data_dir / "open"))
     assert "person" in config.trained_names and "weapon" not in config.trained_names  # re3d's, a held-out corpus
+    wider = open_ner_config(OpenTrainConfig(base="gemma3-270m", train=str(data_dir / "open"), output="unused", name="open-x",
+                                            held_out=["slurp", "ler_de"]), Tokenizer())
+    assert "weapon" in wider.trained_names and wider.trained_names == sorted(trained_names(data_dir / "open", ["slurp", "ler_de"]))
 
 
 def _writable_copy(folder: Path, to: Path) -> Path:
@@ -392,13 +434,37 @@ def test_open_eval_scores_corpora_trained_on_asked_as_the_held_out_ones(open_mod
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(result["scores"]) == {"btc", "scierc"} and all(s["texts"] == 2 and s["split"] == "dev" for s in result["scores"].values())
     assert result["seen_average"] == pytest.approx((result["scores"]["btc"]["micro_f1"] + result["scores"]["scierc"]["micro_f1"]) / 2, abs=0.01)
-    for seen, problem in (("re3d", "'re3d' is held out"), ("snips", "several sources"), ("nosuch", "no corpus 'nosuch'"), (",", "at least one")):
+    for seen, problem in (("re3d", "'re3d' is held out"), ("snips", "several sources"), ("nosuch", "no corpus 'nosuch'"), (",", "at least one"),
+                          ("germeval2014", "'germeval2014' has no train split")):
         with pytest.raises(SystemExit) as stopped:
             open_eval.main([str(open_model_folder), "--data", str(data_dir), "--seen", seen])
         assert stopped.value.code == 2 and problem in capsys.readouterr().err
     with pytest.raises(SystemExit) as stopped:  # before the model loads
         open_eval.main([str(open_model_folder), "--data", str(data_dir), "--skip", "-1"])
     assert stopped.value.code == 2 and "--skip: a number of texts, 0 or more" in capsys.readouterr().err
+    for held_out in ("nosuch", ","):  # the zero-shot dev must be corpora of open/
+        with pytest.raises(SystemExit) as stopped:
+            open_eval.main([str(open_model_folder), "--data", str(data_dir), "--held-out", held_out])
+        assert stopped.value.code == 2 and "--held-out: corpora of" in capsys.readouterr().err
+
+
+def test_open_eval_scores_the_held_out_corpora_it_is_given(open_model_folder: Path, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--held-out``: a model trained with other corpora held out is scored on those, every name
+    of each asked, and its answers split by the names that run trained on."""
+    from training import open_eval
+    from training.open_data import trained_names, zero_shot_sets
+
+    assert open_eval.main([str(open_model_folder), "--data", str(data_dir), "--limit", "1", "--supervised-limit", "1",
+                           "--held-out", "ler_de,msra_peoplesdaily_zh"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(result["scores"]) == {"ler_de", "msra_peoplesdaily_zh", "conll2003", "resume"}
+    assert result["zero_shot_average"] == pytest.approx((result["scores"]["ler_de"]["micro_f1"] +
+                                                         result["scores"]["msra_peoplesdaily_zh"]["micro_f1"]) / 2, abs=0.01)
+    (ler_de,) = zero_shot_sets(data_dir / "open", 2, corpora=("ler_de",))
+    trained = trained_names(data_dir / "open", ["ler_de", "msra_peoplesdaily_zh"])
+    assert {"judge", "person"} <= set(ler_de.labels) and "judge" not in trained and "person" in trained  # no corpus trained on names judges
+    gold = sum(c["tp"] + c["fn"] for corpus in ("ler_de", "msra_peoplesdaily_zh") for c in result["scores"][corpus]["per_label"].values())
+    assert sum(kind["tp"] + kind["fn"] for kind in result["by_name"].values()) == gold
 
 
 @pytest.mark.slow

@@ -57,6 +57,15 @@ def test_the_shipped_models_have_recipes() -> None:
     assert {"en-conll03-diffusion", "en-conll03-lud"} <= set(recipe_names())
 
 
+def test_the_experiment_recipes_are_valid_and_name_no_shipped_model() -> None:
+    """``training/recipes/experiments/``: runs the docs describe, read and checked as any recipe."""
+    experiments = sorted((Path(__file__).parent.parent / "training" / "recipes" / "experiments").glob("*.toml"))
+    assert experiments
+    for path in experiments:
+        recipe = load_recipe(path)
+        assert recipe.stages and recipe.name not in recipe_names()
+
+
 SHIPPED = Path(__file__).parent.parent / "ner_service" / "shipped_models"
 #: The settings of an ``lm`` stage that its model card's run must share with the recipe.
 LM_SETTINGS = ("formats", "full", "top_layers", "lora_r", "lora_alpha", "lr", "warmup_steps", "epochs", "batch_tokens", "seed",

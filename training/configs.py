@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from training.open_data import ZERO_SHOT_CORPORA
+
 #: The training formats: PaDeLLM (a count and one query per mention, per label) and AR (all mentions in one answer).
 FORMATS = ("padellm", "ar")
 #: The kinds of query a row holds; the loss can weigh their answers differently.
@@ -116,6 +118,8 @@ class OpenTrainConfig(TrainConfig):
     sentence_windows: bool = False
     #: Minutes of training between snapshots of the trained weights (the points of a quality curve).
     snapshot_minutes: float = 30.0
+    #: Whole corpora of ``open/`` never trained on: the zero-shot dev (``python -m training.open_eval --held-out``).
+    held_out: list[str] = field(default_factory=lambda: list(ZERO_SHOT_CORPORA))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Score an open-label model, or a snapshot of an open run, on labels it never trained on.
 
-The zero-shot dev is :data:`training.open_data.ZERO_SHOT_CORPORA`: whole corpora of other domains
-and languages, each asked every name of its own label set, lower-cased; the supervised sets are
+The zero-shot dev is :data:`training.open_data.ZERO_SHOT_CORPORA` (``--held-out``: those a run held
+out): whole corpora of other domains and languages, each asked every name of its own label set, lower-cased; the supervised sets are
 CoNLL-03 and Resume dev asked their labels by plain name. ``python -m training.open_eval`` scores
 a model folder, or every snapshot of a run (quality against training minutes), and appends one
 JSON line per scored model to ``--json``. ``--calibrate`` fits an open model's score map where it
@@ -29,7 +29,7 @@ from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine, NERModel
 from training.count_calibration import QUANTILE_GRID, EntitiesByCounts, best_quantile, count_scores
 from training.evaluate import evaluate_engine, prf
-from training.open_data import SUPERVISED_NAMES, ZeroShotSet, seen_corpora_problem, trained_names, zero_shot_sets
+from training.open_data import SUPERVISED_NAMES, ZERO_SHOT_CORPORA, Catalogue, ZeroShotSet, seen_corpora_problem, trained_names, zero_shot_sets
 
 SUPERVISED_DEV = {"conll2003": "conll2003/dev.txt", "resume": "resume/dev.txt"}
 
@@ -40,14 +40,16 @@ def named(examples: list[Example], names: dict[str, str]) -> list[Example]:
 
 
 def score_open_model(engine: NEREngine, data: Path, limit: int, supervised_limit: int, batch_size: int = 16,
-                     described: str | None = None, flat_ner: bool = True, skip: int = 0) -> dict:
+                     described: str | None = None, flat_ner: bool = True, skip: int = 0,
+                     held_out: Sequence[str] = ZERO_SHOT_CORPORA) -> dict:
     """Micro-F1 (precision, recall) of each zero-shot corpus (its ``limit`` texts after the first
     ``skip``: 0 the reported texts, 100 the choosing ones) and of each supervised dev (first
     ``supervised_limit`` texts; None: all), and the zero-shot average; ``described`` "all": the
     zero-shot labels asked with their definitions from labels.tsv as descriptions, where they have
-    one, "new": only the names the model never trained on; ``flat_ner`` False: overlapping entities kept."""
-    trained = trained_names(data / "open")
-    held_outs = [replace(h, examples=h.examples[skip:]) for h in zero_shot_sets(data / "open", skip + limit)]
+    one, "new": only the names the model never trained on; ``flat_ner`` False: overlapping entities kept;
+    ``held_out``: the corpora the model never trained on, the zero-shot ones."""
+    trained = trained_names(data / "open", held_out)
+    held_outs = [replace(h, examples=h.examples[skip:]) for h in zero_shot_sets(data / "open", skip + limit, corpora=held_out)]
     asked = [(h.corpus, h.examples, h.asked(described is not None, bare=trained if described == "new" else ()), h.split)
              for h in held_outs]
     for corpus, relative in SUPERVISED_DEV.items():
@@ -94,16 +96,17 @@ def _scores(engine: NEREngine, asked: list[tuple[str, list[Example], list, str]]
     return scores
 
 
-def choosing_and_reported(data: Path, limit: int, choose_limit: int) -> list[tuple[ZeroShotSet, ZeroShotSet]]:
+def choosing_and_reported(data: Path, limit: int, choose_limit: int,
+                          held_out: Sequence[str] = ZERO_SHOT_CORPORA) -> list[tuple[ZeroShotSet, ZeroShotSet]]:
     """Per held-out corpus: the texts a setting is chosen on (the ``choose_limit`` after the first
     ``limit``) and the first ``limit``, the reported ones, asked as :func:`score_open_model` asks them
     (a corpus of more names than one request takes is asked those its sample holds)."""
-    reported = {held_out.corpus: held_out for held_out in zero_shot_sets(data / "open", limit)}
-    return [(replace(held_out, examples=held_out.examples[limit:]), reported[held_out.corpus])
-            for held_out in zero_shot_sets(data / "open", limit + choose_limit)]
+    reported = {part.corpus: part for part in zero_shot_sets(data / "open", limit, corpora=held_out)}
+    return [(replace(part, examples=part.examples[limit:]), reported[part.corpus])
+            for part in zero_shot_sets(data / "open", limit + choose_limit, corpora=held_out)]
 
 
-def calibrate_open_model(engine: NEREngine, data: Path, limit: int, batch_size: int = 16):
+def calibrate_open_model(engine: NEREngine, data: Path, limit: int, batch_size: int = 16, held_out: Sequence[str] = ZERO_SHOT_CORPORA):
     """The PaDeLLM score map of an open model (an engine giving raw scores), fitted where its users
     ask: on each zero-shot corpus's texts ``limit`` to ``2 * limit`` and the first ``limit`` texts of
     CoNLL-03's and Resume's choosing halves, each asked its own names; measured on what the scores
@@ -111,7 +114,7 @@ def calibrate_open_model(engine: NEREngine, data: Path, limit: int, batch_size: 
     that makes the reporting texts' ECE worse is not kept (:func:`training.score_calibration.fit_where_it_carries`)."""
     from training.score_calibration import measured_calibration, scored_mentions
 
-    asked = [(h.examples[limit:], h.examples[:limit], h.labels) for h in zero_shot_sets(data / "open", 2 * limit)]
+    asked = [(h.examples[limit:], h.examples[:limit], h.labels) for h in zero_shot_sets(data / "open", 2 * limit, corpora=held_out)]
     for corpus, relative in SUPERVISED_DEV.items():
         halves = dev_halves(data / relative)
         asked.append((named(halves.choose[:limit], SUPERVISED_NAMES[corpus]), named(halves.report[:limit], SUPERVISED_NAMES[corpus]),
@@ -166,13 +169,13 @@ class OpenQuantileChoice:
 
 
 def choose_open_quantile(engine: NEREngine, data: Path, limit: int, choose_limit: int | None = None, batch_size: int = 16,
-                         grid: Sequence[float] = QUANTILE_GRID) -> OpenQuantileChoice:
+                         grid: Sequence[float] = QUANTILE_GRID, held_out: Sequence[str] = ZERO_SHOT_CORPORA) -> OpenQuantileChoice:
     """The count quantile of ``grid`` with the best zero-shot average on the ``choose_limit`` texts
     (None: ``limit``) after each held-out corpus's first ``limit`` (asked its own names), scored on
     those first ``limit`` against the model's own rule (:class:`OpenQuantileChoice`). A text's
     entities follow from its counts, so each quantile runs the engine only on the texts whose
     counts it changes."""
-    pairs = choosing_and_reported(data, limit, limit if choose_limit is None else choose_limit)
+    pairs = choosing_and_reported(data, limit, limit if choose_limit is None else choose_limit, held_out)
     choosing: dict[str, dict[float | None, float]] = {}
     reporting: list[tuple[str, EntitiesByCounts, dict[str, float]]] = []
     with tqdm(total=len(pairs) * (len(grid) + 1), desc="count quantile", unit="try") as bar:
@@ -249,26 +252,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                                         "(default: %(default)s)")
     parser.add_argument("--count-quantile", type=float, default=None, metavar="Q",
                         help="score (or compare with) this count quantile in place of the model's rule (0: its count bias)")
+    parser.add_argument("--held-out", default=",".join(ZERO_SHOT_CORPORA), metavar="CORPUS,...",
+                        help="the corpora of open/ the model never trained on, its zero-shot dev (default: the recipe's, %(default)s)")
     parser.add_argument("--write", action="store_true", help="with --calibrate or --choose-quantile: write the map or the quantile "
                                                              "into the model's ner_model.json")
     args = parser.parse_args(argv)
     if args.skip < 0:
         parser.error(f"--skip: a number of texts, 0 or more, not {args.skip}")
     data, target = Path(args.data), Path(args.model)
+    held_out = [name.strip() for name in args.held_out.split(",") if name.strip()]
+    unknown = sorted(set(held_out) - set(Catalogue.read(data / "open").corpora())) if (data / "open").is_dir() else []
+    if not held_out or unknown:
+        parser.error(f"--held-out: corpora of {data / 'open'}, not {unknown or 'none'}")
 
     def load_model() -> NEREngine:
         return NEREngine.load(args.model, dtype="auto", count_quantile=args.count_quantile)
 
     if args.seen:
         corpora = [name.strip() for name in args.seen.split(",") if name.strip()]
-        problem = seen_corpora_problem(data / "open", corpora)
+        problem = seen_corpora_problem(data / "open", corpora, held_out)
         if problem:
             parser.error(f"--seen: {problem}")
         scores = score_seen_corpora(load_model(), data, corpora, args.limit, flat_ner=args.flat_ner)
         print(json.dumps({"model": str(target), "flat_ner": args.flat_ner, **scores}, ensure_ascii=False), flush=True)
         return 0
     if args.calibrate:
-        return _calibrate(args.model, data, args.limit, args.write)
+        return _calibrate(args.model, data, args.limit, args.write, held_out)
     if args.choose_quantile:
         from ner_service.engine.count_bias import parse_quantiles
 
@@ -276,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grid = parse_quantiles(args.quantiles)
         except ValueError as error:
             parser.error(f"--quantiles: {error}")
-        return _choose_quantile(args.model, data, args.limit, args.choose_limit, grid, args.count_quantile, args.write)
+        return _choose_quantile(args.model, data, args.limit, args.choose_limit, grid, args.count_quantile, args.write, held_out)
     done = set()
     if args.json and Path(args.json).is_file():
         done = {json.loads(line).get("snapshot") for line in Path(args.json).read_text(encoding="utf-8").splitlines() if line.strip()}
@@ -294,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "train_minutes": round(saved.get("seconds", 0) / 60, 1) if saved else None, "step": saved.get("step") if saved else None,
                   "described": args.described, "flat_ner": args.flat_ner,
                   "skip": args.skip, **score_open_model(engine, data, args.limit, args.supervised_limit, described=args.described,
-                                                        flat_ner=args.flat_ner, skip=args.skip),
+                                                        flat_ner=args.flat_ner, skip=args.skip, held_out=held_out),
                   "eval_seconds": round(time.perf_counter() - began)}
         print(json.dumps(result, ensure_ascii=False), flush=True)
         if args.json:
@@ -320,19 +329,19 @@ def _chosen(model: str, engine: NEREngine, field: str, setting: object, write: b
     return 0
 
 
-def _calibrate(model: str, data: Path, limit: int, write: bool) -> int:
+def _calibrate(model: str, data: Path, limit: int, write: bool, held_out: Sequence[str]) -> int:
     from training.score_calibration import calibration_setting, calibration_table
 
     engine = NEREngine.load(model, dtype="auto", calibrated_scores=False)
-    found = calibrate_open_model(engine, data, limit)
+    found = calibrate_open_model(engine, data, limit, held_out=held_out)
     print(calibration_table([found]))
     return _chosen(model, engine, "score_calibration", calibration_setting(engine.ner_model.config.score_calibration, [found]), write)
 
 
 def _choose_quantile(model: str, data: Path, limit: int, choose_limit: int | None, grid: list[float], count_quantile: float | None,
-                     write: bool) -> int:
+                     write: bool, held_out: Sequence[str]) -> int:
     engine = NEREngine.load(model, dtype="auto", count_quantile=count_quantile)
-    choice = choose_open_quantile(engine, data, limit, choose_limit, grid=grid)
+    choice = choose_open_quantile(engine, data, limit, choose_limit, grid=grid, held_out=held_out)
     print(choice.table())
     return _chosen(model, engine, "count_quantile", choice.setting(), write)
 

@@ -43,7 +43,8 @@ def mixture_settings(config: OpenTrainConfig) -> MixtureSettings:
                            description_rate=config.description_rate, synonym_rate=config.synonym_rate,
                            variant_rate=config.variant_rate,
                            chinese_names_rate=config.chinese_names_rate, ar_rate=config.ar_rate,
-                           cut_chars=config.max_text_chars if config.cut_long_records else None, seed=config.seed)
+                           cut_chars=config.max_text_chars if config.cut_long_records else None, held_out=tuple(config.held_out),
+                           seed=config.seed)
 
 
 def open_rows(config: OpenTrainConfig, tokenizer) -> list[TrainingRow]:
@@ -72,7 +73,7 @@ def open_ner_config(config: OpenTrainConfig, tokenizer) -> NERModelConfig:
     return NERModelConfig(name=config.name, labels=list(config.labels or []), base=SELF_CONTAINED if config.full else config.base,
                           language=config.language, eos_token=tokenizer.eos_token, open_labels=True,
                           answers_past_count=config.past_count_queries, sentence_windows=config.sentence_windows,
-                          window_tokens=config.window_tokens, trained_names=sorted(trained_names(config.train)))
+                          window_tokens=config.window_tokens, trained_names=sorted(trained_names(config.train, config.held_out)))
 
 
 def train_open(config: OpenTrainConfig) -> dict:
