@@ -239,3 +239,11 @@ def test_recipe_trains_end_to_end_on_the_cpu(name: str, small_data: Path, tmp_pa
     text = "Peter Blackburn visited Brussels ."
     assert all(text[e.start:e.end] == e.text for e in extraction.entities)
     assert extraction.stats.forward_passes >= 1
+    if (output / "snapshots").is_dir():  # an open run's last stage, an adapter trained further: its snapshot is the model it saved
+        from training.open_eval import snapshot_engine
+
+        snapshot = sorted((output / "snapshots").glob("snapshot-*.pt"))[-1]
+        scored, saved = snapshot_engine(output, snapshot)
+        assert saved["step"] == 1
+        (again,) = scored.extract([text])
+        assert {(e.start, e.end, e.label) for e in again.entities} == {(e.start, e.end, e.label) for e in extraction.entities}

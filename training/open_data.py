@@ -310,7 +310,7 @@ def training_mixture(open_folder: str | Path, data_folder: str | Path, settings:
     rng = random.Random(settings.seed)
     catalogue = Catalogue.read(open_folder)
     specific = catalogue.specific_names()
-    unknown = sorted(set(settings.held_out) - set(catalogue.corpora()))
+    unknown = sorted(set(settings.held_out) - set(catalogue.labels))  # a corpus labels.tsv names, whether or not its folder is here
     if unknown:
         raise ValueError(f"held_out: no corpus {', '.join(map(repr, unknown))} in {catalogue.folder}")
     group_of = {corpus: group for group, corpora in DOMAINS.items() for corpus in corpora}

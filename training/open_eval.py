@@ -201,26 +201,33 @@ def choose_open_quantile(engine: NEREngine, data: Path, limit: int, choose_limit
 
 def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine, dict]:
     """The engine of a run's snapshot: the run's starting model with the snapshot's trained weights
-    (None: the starting model as it is, asked as an open model: the baseline that never saw open labels)."""
+    (None: the starting model as it is, asked as an open model: the baseline that never saw open
+    labels, or for a run that trains an adapter further, that adapter as the run began)."""
     import torch
 
     from ner_service.engine.ner_model import load_base
     from training.configs import OpenTrainConfig
+    from training.loss import inner_model
     from training.model_merge import add_model_changes
     from training.open_trainer import open_ner_config
+    from training.trainer import prepare_model
 
     config = OpenTrainConfig(**json.loads((run_output / "run_config.json").read_text(encoding="utf-8")))
-    model, tokenizer = load_base(config.base)
-    add_model_changes(model, config.base, config.merged_with)
-    if snapshot is None:
-        return NEREngine(NERModel(model.eval(), tokenizer, open_ner_config(config, tokenizer), run_output)), {"seconds": 0, "step": 0}
-    saved = torch.load(snapshot, weights_only=False)
-    missing = set(saved["params"]) - {name for name, _ in model.named_parameters()}
-    if missing:
-        raise ValueError(f"{snapshot}: weights the model lacks: {sorted(missing)[:3]}")
-    model.load_state_dict({name: value.float() for name, value in saved["params"].items()}, strict=False)
-    model.eval()
-    return NEREngine(NERModel(model, tokenizer, open_ner_config(config, tokenizer), run_output)), saved
+    if config.full:
+        model, tokenizer = load_base(config.base)
+        add_model_changes(model, config.base, config.merged_with)
+    else:  # a LoRA run: its snapshots hold the adapter's weights, under the names of the model it wraps
+        model, tokenizer, _ = prepare_model(replace(config, device="cpu", resume=False))
+    saved = {"seconds": 0, "step": 0}
+    if snapshot is not None:
+        saved = torch.load(snapshot, weights_only=False)
+        missing = set(saved["params"]) - {name for name, _ in inner_model(model).named_parameters()}
+        if missing:
+            raise ValueError(f"{snapshot}: weights the model lacks: {sorted(missing)[:3]}")
+        inner_model(model).load_state_dict({name: value.float() for name, value in saved["params"].items()}, strict=False)
+    if not config.full:
+        model = model.merge_and_unload()
+    return NEREngine(NERModel(model.eval(), tokenizer, open_ner_config(config, tokenizer), run_output)), saved
 
 
 def main(argv: Sequence[str] | None = None) -> int:
