@@ -515,3 +515,6 @@ def test_open_windows_chooses_how_an_open_model_reads_on_texts_it_does_not_repor
     with pytest.raises(SystemExit) as refused:  # before the model loads
         open_windows.main([*common, "--windows", "s48,fortyeight"])
     assert refused.value.code == 2 and "'fortyeight' is no window setting" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # the zero-shot corpora too are checked before the model loads
+        open_windows.main([*common, "--held-out", "re3d,nosuch"])
+    assert refused.value.code == 2 and "--held-out: corpora of" in capsys.readouterr().err

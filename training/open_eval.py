@@ -230,6 +230,21 @@ def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine,
     return NEREngine(NERModel(model.eval(), tokenizer, open_ner_config(config, tokenizer), run_output)), saved
 
 
+def add_held_out_argument(parser: argparse.ArgumentParser) -> None:
+    """``--held-out``: the corpora a model never trained on, scored as its zero-shot dev."""
+    parser.add_argument("--held-out", default=",".join(ZERO_SHOT_CORPORA), metavar="CORPUS,...",
+                        help="the corpora of open/ the model never trained on, its zero-shot dev (default: the recipe's, %(default)s)")
+
+
+def held_out_corpora(parser: argparse.ArgumentParser, data: Path, written: str) -> list[str]:
+    """The corpora of ``--held-out``; a clear exit 2 unless each is a corpus of ``data``/open."""
+    held_out = [name.strip() for name in written.split(",") if name.strip()]
+    unknown = sorted(set(held_out) - set(Catalogue.read(data / "open").corpora())) if (data / "open").is_dir() else []
+    if not held_out or unknown:
+        parser.error(f"--held-out: corpora of {data / 'open'}, not {unknown or 'none'}")
+    return held_out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="an open model (a shipped name or folder), or a run's output folder with snapshots/")
@@ -259,18 +274,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                                         "(default: %(default)s)")
     parser.add_argument("--count-quantile", type=float, default=None, metavar="Q",
                         help="score (or compare with) this count quantile in place of the model's rule (0: its count bias)")
-    parser.add_argument("--held-out", default=",".join(ZERO_SHOT_CORPORA), metavar="CORPUS,...",
-                        help="the corpora of open/ the model never trained on, its zero-shot dev (default: the recipe's, %(default)s)")
+    add_held_out_argument(parser)
     parser.add_argument("--write", action="store_true", help="with --calibrate or --choose-quantile: write the map or the quantile "
                                                              "into the model's ner_model.json")
     args = parser.parse_args(argv)
     if args.skip < 0:
         parser.error(f"--skip: a number of texts, 0 or more, not {args.skip}")
     data, target = Path(args.data), Path(args.model)
-    held_out = [name.strip() for name in args.held_out.split(",") if name.strip()]
-    unknown = sorted(set(held_out) - set(Catalogue.read(data / "open").corpora())) if (data / "open").is_dir() else []
-    if not held_out or unknown:
-        parser.error(f"--held-out: corpora of {data / 'open'}, not {unknown or 'none'}")
+    held_out = held_out_corpora(parser, data, args.held_out)
 
     def load_model() -> NEREngine:
         return NEREngine.load(args.model, dtype="auto", count_quantile=args.count_quantile)

@@ -24,8 +24,8 @@ from corpora import Example
 from corpora.dev_halves import dev_halves
 from ner_service.engine import NEREngine
 from training.evaluate import evaluate_engine
-from training.open_data import SUPERVISED_NAMES
-from training.open_eval import SUPERVISED_DEV, choosing_and_reported, named, write_settings
+from training.open_data import SUPERVISED_NAMES, ZERO_SHOT_CORPORA
+from training.open_eval import SUPERVISED_DEV, add_held_out_argument, choosing_and_reported, held_out_corpora, named, write_settings
 
 #: The settings tried unless told: whole texts of up to 160 tokens, sentences in windows of up to 64, 48, 40.
 WINDOW_GRID = "160,s64,s48,s40"
@@ -94,8 +94,8 @@ class _AskedSet:
     reporting: list[tuple[list[Example], list[str]]]
 
 
-def _asked_sets(data: Path, limit: int, choose_limit: int, supervised_limit: int | None) -> list[_AskedSet]:
-    pairs = choosing_and_reported(data, limit, choose_limit)
+def _asked_sets(data: Path, limit: int, choose_limit: int, supervised_limit: int | None, held_out: Sequence[str]) -> list[_AskedSet]:
+    pairs = choosing_and_reported(data, limit, choose_limit, held_out)
     sets = [_AskedSet(ZERO_SHOT, [(c.examples, c.labels) for c, _ in pairs], [(r.examples, r.labels) for _, r in pairs])]
     for corpus, relative in SUPERVISED_DEV.items():
         halves, names = dev_halves(data / relative), SUPERVISED_NAMES[corpus]
@@ -120,12 +120,13 @@ def reading(engine: NEREngine, setting: WindowSetting) -> None:
 
 
 def choose_open_windows(engine: NEREngine, data: Path, grid: Sequence[WindowSetting], limit: int = 100, choose_limit: int = 50,
-                        supervised_limit: int | None = None, batch_size: int = 16) -> WindowChoice:
+                        supervised_limit: int | None = None, batch_size: int = 16,
+                        held_out: Sequence[str] = ZERO_SHOT_CORPORA) -> WindowChoice:
     """The setting of ``grid`` with the best mean figure on the choosing texts (module docstring),
     reported against the model's own on the rest; ``engine`` is left reading the model's own."""
     own_config, own_tokens = engine.ner_model.config, engine.max_window_tokens
     was = WindowSetting(own_config.sentence_windows, own_tokens)
-    sets = _asked_sets(data, limit, choose_limit, supervised_limit)
+    sets = _asked_sets(data, limit, choose_limit, supervised_limit, held_out)
     tried: dict[WindowSetting, dict[str, float]] = {}
     try:
         for setting in tqdm(list(dict.fromkeys([was, *grid])), desc="windows", unit="setting"):
@@ -152,14 +153,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--choose-limit", type=int, default=50, help="choosing texts of each zero-shot corpus, after those "
                                                                     "(default: %(default)s)")
     parser.add_argument("--supervised-limit", type=int, default=None, help="texts of each supervised half (default: all)")
+    add_held_out_argument(parser)
     parser.add_argument("--write", action="store_true", help="store the chosen setting in the model's ner_model.json")
     args = parser.parse_args(argv)
+    held_out = held_out_corpora(parser, Path(args.data), args.held_out)
     try:
         grid = parse_window_grid(args.windows)
     except ValueError as error:
         parser.error(f"--windows: {error}")
     engine = NEREngine.load(args.model, dtype="auto")
-    choice = choose_open_windows(engine, Path(args.data), grid, args.limit, args.choose_limit, args.supervised_limit)
+    choice = choose_open_windows(engine, Path(args.data), grid, args.limit, args.choose_limit, args.supervised_limit, held_out=held_out)
     print(choice.table())
     print(f"windows: {choice.chosen.name}")
     if args.write:
