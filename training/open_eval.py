@@ -240,8 +240,10 @@ def held_out_corpora(parser: argparse.ArgumentParser, data: Path, written: str) 
     """The corpora of ``--held-out``; a clear exit 2 unless each is a corpus of ``data``/open."""
     held_out = [name.strip() for name in written.split(",") if name.strip()]
     unknown = sorted(set(held_out) - set(Catalogue.read(data / "open").corpora())) if (data / "open").is_dir() else []
-    if not held_out or unknown:
-        parser.error(f"--held-out: corpora of {data / 'open'}, not {unknown or 'none'}")
+    if not held_out:
+        parser.error(f"--held-out: name at least one corpus of {data / 'open'}")
+    if unknown:
+        parser.error(f"--held-out: corpora of {data / 'open'}, not {unknown}")
     return held_out
 
 
