@@ -168,6 +168,10 @@ class Catalogue:
         """The corpora of ``labels.tsv`` present in the folder (a partial copy holds some)."""
         return sorted(corpus for corpus in self.labels if (self.folder / corpus / "sources.json").is_file())
 
+    def has_train_split(self, corpus: str) -> bool:
+        """Whether ``corpus`` has a train split here (several have only dev and test: never trained on)."""
+        return (self.folder / corpus / "train.jsonl").is_file()
+
     def sources(self, corpus: str) -> dict[str, list[str]]:
         return json.loads((self.folder / corpus / "sources.json").read_text(encoding="utf-8"))
 
@@ -357,7 +361,7 @@ def trained_names(open_folder: str | Path, held_out: Collection[str] = ZERO_SHOT
     catalogue = Catalogue.read(open_folder)
     names = {name.lower() for table in (SUPERVISED_NAMES, SUPERVISED_CHINESE) for labels in table.values() for name in labels.values()}
     for corpus, infos in catalogue.labels.items():
-        if corpus in held_out or not (catalogue.folder / corpus / "train.jsonl").is_file():
+        if corpus in held_out or not catalogue.has_train_split(corpus):
             continue
         names.update(written for info in infos.values() for written in (info.name.lower(), raw_label_synonym(info.raw, info.name)) if written)
     return names | {variant.lower() for name in names for variant in NAME_VARIANTS.get(name, ())}
@@ -420,7 +424,7 @@ def seen_corpora_problem(open_folder: str | Path, corpora: Sequence[str], held_o
             return f"{corpus!r} is held out (never trained on): its score is a zero-shot one"
         if corpus not in catalogue.corpora():
             return f"no corpus {corpus!r} in {catalogue.folder}"
-        if not (catalogue.folder / corpus / "train.jsonl").is_file():
+        if not catalogue.has_train_split(corpus):
             return f"{corpus!r} has no train split, so it was never trained on: its score is a zero-shot one"
         if len(catalogue.sources(corpus)) != 1:
             return f"{corpus!r} has several sources of different labels: its records cannot all be asked every name"
