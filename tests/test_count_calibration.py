@@ -104,7 +104,7 @@ def test_the_engine_counts_as_the_calibration_predicts(en_engine: NEREngine, dat
 
 
 def test_the_calibrated_f1_is_the_f1_the_engine_gives_with_the_chosen_biases(en_engine: NEREngine, data_dir: Path) -> None:
-    examples = read_corpus(data_dir / "conll2003" / "dev.txt")[:32]
+    examples = read_corpus(data_dir / "conll2003" / "dev.txt")[:20]
     engine = NEREngine(en_engine.ner_model, count_bias=-1.0, count_quantile=0)  # a bias that counts too few: the ascent has somewhere to go
     calibration = calibrate(engine, examples, batch_size=16, progress=False)
     gold = [[(s.start, s.end, s.label) for s in e.spans] for e in examples]
@@ -139,14 +139,14 @@ def test_a_lower_count_quantile_asks_for_more_mentions_and_the_chosen_one_gives_
     choose half is the one of the best F1 there, and the engine under it gives the report half the
     F1 the calibration says."""
     dev = data_dir / "conll2003" / "dev.txt"
-    examples = dev_halves(dev).choose[:16]
+    examples = dev_halves(dev).choose[:12]
     scores = count_scores(en_engine, examples, progress=False)
     counts = [scores.quantile_counts(q) for q in (0.9, 0.5, 0.2, 0.05)]
     assert all(bool((low >= high).all()) for high, low in zip(counts, counts[1:]))
     assert int(counts[-1].sum()) > int(counts[0].sum())  # the model is unsure somewhere: the quantile moves counts
-    found = calibrate_quantile_on_halves(en_engine, dev, batch_size=16, limit=16, progress=False, grid=(0.6, 0.3, 0.1))
+    found = calibrate_quantile_on_halves(en_engine, dev, batch_size=16, limit=12, progress=False, grid=(0.6, 0.3, 0.1))
     assert found.quantile == max(found.tried, key=lambda q: (found.tried[q]["f1"], q)) and set(found.tried) == {0.6, 0.3, 0.1}
-    report = dev_halves(dev).report[:16]
+    report = dev_halves(dev).report[:12]
     gold = [[(s.start, s.end, s.label) for s in e.spans] for e in report]
     for quantile, expected in ((found.quantile, found.report_after), (None, found.report_before)):
         engine = NEREngine(en_engine.ner_model, count_quantile=quantile)

@@ -135,11 +135,11 @@ def test_behind_a_cached_prefix_equals_greedy(tiny_engine, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def shipped_greedy(en_engine) -> list[tuple[list[int], list[list[int]]]]:
-    """The shipped model's first 8 query rows and greedy's tokens for each, decoded once for every
-    decoder compared with them."""
+    """The shipped model's first 4 query rows (one text's AR query and three mention queries) and
+    greedy's tokens for each, decoded once for every decoder compared with them."""
     model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
     stop = StopCriteria(48, frozenset({tokenizer.eos_token_id}))
-    return [(row, _run(get_decoder("greedy"), model, [row], stop, 0).tokens) for row in _queries(tokenizer)[:8]]
+    return [(row, _run(get_decoder("greedy"), model, [row], stop, 0).tokens) for row in _queries(tokenizer)[:4]]
 
 
 @pytest.mark.slow
@@ -147,7 +147,7 @@ def shipped_greedy(en_engine) -> list[tuple[list[int], list[list[int]]]]:
 def test_shipped_model_decoders_equal_greedy(en_engine, shipped_greedy, name: str) -> None:
     model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
     stop = StopCriteria(48, frozenset({tokenizer.eos_token_id}))
-    rows = shipped_greedy[:3 if name == "speculative" else 8]  # a draft model as large as the model: each row costs twice
+    rows = shipped_greedy[:2 if name == "speculative" else 4]  # a draft model as large as the model: each row costs twice
     for row, expected in rows:
         assert _run(_decoder(name, model), model, [row], stop, 0).tokens == expected
 
@@ -157,7 +157,7 @@ def test_copy_drafting_accepts_several_tokens_per_forward_on_copied_mentions(en_
     model, tokenizer = en_engine.ner_model.model, en_engine.ner_model.tokenizer
     stop = StopCriteria(40, frozenset({tokenizer.eos_token_id}))
     forwards = {"greedy": 0, "copy": 0}
-    for row in _queries(tokenizer)[:8]:
+    for row in _queries(tokenizer)[:4]:
         outputs = {name: _run(get_decoder(name), model, [row], stop, 0) for name in forwards}
         assert outputs["copy"].tokens == outputs["greedy"].tokens
         for name, out in outputs.items():
@@ -185,15 +185,15 @@ def _spans(extractions) -> list[list[tuple[int, int, str]]]:
 
 @pytest.fixture(scope="module")
 def greedy_entities(en_engine) -> dict[str, list[list[tuple[int, int, str]]]]:
-    """The shipped model's entities in the first 5 texts under each strategy with the greedy decoder."""
-    return {strategy: _spans(en_engine.extract(TEXTS[:5], strategy=strategy)) for strategy in ("padellm", "ar")}
+    """The shipped model's entities in the first 4 texts under each strategy with the greedy decoder."""
+    return {strategy: _spans(en_engine.extract(TEXTS[:4], strategy=strategy)) for strategy in ("padellm", "ar")}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["jacobi", "gs_jacobi", "anpd", "lookahead", "copy"])
 def test_engine_backends_give_the_greedy_entities(en_engine, greedy_entities, name: str) -> None:
     for strategy, expected in greedy_entities.items():
-        assert _spans(en_engine.extract(TEXTS[:5], strategy=strategy, decoder=name)) == expected
+        assert _spans(en_engine.extract(TEXTS[:4], strategy=strategy, decoder=name)) == expected
 
 
 @pytest.mark.slow

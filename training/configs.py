@@ -154,6 +154,7 @@ class TinyConfig:
     max_steps: int | None = None
     lr: float = 3e-3
     limit: int | None = None
+    eval_limit: int | None = 100
     seed: int = 0
     device: str = "cpu"
 

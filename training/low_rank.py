@@ -204,8 +204,8 @@ def store_low_rank(config: LowRankConfig) -> dict:
         written = NERModel.load(output, device=config.device)  # the adapter as users load it (fp16, merged), loaded once
         if config.calibrate_counts:
             summary["count_calibration"] = _calibrate_counts(written, config, ner_config)
-        summary["dev"] = _dev_scores(written, config)
-        ner_config.metrics = {"dev_during_training": summary["dev"]}
+        summary["dev"] = _dev_scores(written, config) if config.eval_limit != 0 else None
+        ner_config.metrics = {"dev_during_training": summary["dev"]} if summary["dev"] else {}
         ner_config.write(output)
     (output / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (output / "README.md").write_text(model_card(config, summary), encoding="utf-8")

@@ -49,7 +49,7 @@ def train_tiny_model(config: TinyConfig) -> dict:
     tokenizer.save_pretrained(init)
     summary = train(TrainConfig(
         base=str(init), train=config.train, dev=config.dev, output=config.output, name=config.name, full=True, lr=config.lr,
-        warmup_steps=20, epochs=config.epochs, max_steps=config.max_steps, batch_tokens=4096, limit=config.limit, eval_limit=100,
+        warmup_steps=20, epochs=config.epochs, max_steps=config.max_steps, batch_tokens=4096, limit=config.limit, eval_limit=config.eval_limit,
         seed=config.seed, device=config.device, dtype="float32",
     ))
     shutil.rmtree(init)

@@ -15,7 +15,7 @@ from training.configs import DTYPE_CHOICES
 DEFAULT_DATA = os.environ.get("PADELLM_DATA", "../shared/data")
 #: The flags that configure a run without a recipe (a recipe file holds these settings).
 EXPLICIT_FLAGS = ("train", "dev", "name", "language", "labels", "formats", "full", "lora_r", "lora_alpha", "lr", "epochs",
-                  "max_minutes", "batch_tokens", "eval_limit", "eval_batch_size", "seed", "dtype", "base", "top_layers",
+                  "max_minutes", "batch_tokens", "eval_batch_size", "seed", "dtype", "base", "top_layers",
                   "kept_vocabulary", "init_adapter", "calibrate_counts")
 
 
@@ -31,9 +31,10 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         base=args.base, train=args.train, dev=args.dev, output=args.output, name=args.name, language=args.language,
         labels=labels, formats=args.formats.split(","), full=args.full, lora_r=args.lora_r, lora_alpha=args.lora_alpha, lr=args.lr,
         epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, limit=args.limit,
-        eval_limit=args.eval_limit, eval_batch_size=args.eval_batch_size, seed=args.seed, device=args.device or "cpu", dtype=args.dtype,
+        eval_batch_size=args.eval_batch_size, seed=args.seed, device=args.device or "cpu", dtype=args.dtype,
         top_layers=args.top_layers, kept_vocabulary=args.kept_vocabulary, checkpoint_minutes=args.checkpoint_minutes, resume=args.resume,
         init_adapter=args.init_adapter, calibrate_counts=args.calibrate_counts,
+        **({} if args.eval_limit is None else {"eval_limit": args.eval_limit}),
     )
     summary = train(config)
     print(json.dumps({k: summary[k] for k in ("steps", "tokens", "train_seconds", "tokens_per_second", "history")}, indent=2))
@@ -48,7 +49,7 @@ def _train_recipe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(f"{', '.join(given)} cannot be combined with --recipe: the recipe file holds every setting")
     recipe = load_recipe(args.recipe)
     run = RecipeRun(data=Path(args.data), output=Path(args.output or f"runs/{recipe.name}"), device=args.device,
-                    limit=args.limit, max_steps=args.max_steps, resume=args.resume)
+                    limit=args.limit, max_steps=args.max_steps, eval_limit=args.eval_limit, resume=args.resume)
 
     def announce(index: int, config: object) -> None:
         print(f"recipe {recipe.name}: stage {index}/{len(recipe.stages)} -> {config.output}", flush=True)
@@ -114,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     trainer.add_argument("--data", default=DEFAULT_DATA, help="the folder holding the corpora a recipe names (default: %(default)s)")
     trainer.add_argument("--output", default=None, help="the model folder to write (with --recipe: runs/NAME)")
     trainer.add_argument("--device", default=None, help="cpu or cuda (with --recipe: the recipe's device)")
-    trainer.add_argument("--limit", type=int, default=None, help="use the first N training texts")
+    trainer.add_argument("--limit", type=int, default=None, help="use the first N training texts (with --recipe: in every stage)")
     trainer.add_argument("--max-steps", type=int, default=None)
     trainer.add_argument("--base", default="smollm2-135m-instruct",
                          help="base model: smollm2-135m-instruct (English), gemma3-270m (140 languages), a .gguf, a HF folder, or an NER model to continue")
@@ -139,7 +140,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "measured on a few dev texts first, is kept from training, and a dev set too big for a quarter of the "
                               "minutes is cut to what fits; the learning rate's cosine ends with the training minutes")
     trainer.add_argument("--batch-tokens", type=int, default=2048)
-    trainer.add_argument("--eval-limit", type=int, default=200, help="dev texts scored after each epoch")
+    trainer.add_argument("--eval-limit", type=int, default=None,
+                         help="dev texts scored after each epoch (default: 200); with --recipe, every stage's "
+                              "(0: no dev scores, as in a smoke run)")
     trainer.add_argument("--eval-batch-size", type=int, default=16)
     trainer.add_argument("--seed", type=int, default=0)
     trainer.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,

@@ -300,7 +300,7 @@ def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, confi
         tokenizer.save_pretrained(output)
     else:
         save_adapter(model, config.base, output)
-    ner_config.metrics = {"dev_during_training": state["history"][-1] if state["history"] else None}
+    ner_config.metrics = {"dev_during_training": state["history"][-1]} if state["history"] else {}
     ner_config.write(output)
     summary = {"config": asdict(config), "steps": state["step"], "tokens": state["tokens"], "train_seconds": round(state["seconds"], 1),
                "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1), "history": state["history"],

@@ -1,8 +1,8 @@
 """Running a recipe: each stage's settings become its trainer's config, and the trainer runs.
 
 The data paths, the output folder, the device and the model name come from the run, not from
-the recipe, so that one recipe trains on any machine; ``limit`` and ``max_steps`` shrink every
-stage (a smoke run: the tests train every recipe on a few sentences this way).
+the recipe, so that one recipe trains on any machine; ``limit``, ``max_steps`` and ``eval_limit``
+shrink every stage (a smoke run: the tests train every recipe on a few sentences this way).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ class RecipeRun:
     device: str | None = None
     limit: int | None = None
     max_steps: int | None = None
+    #: Dev texts each stage scores (0: none); None keeps each stage's own ``eval_limit``.
+    eval_limit: int | None = None
     resume: bool = False
 
     def stage_output(self, index: int, stages: int) -> Path:
@@ -59,7 +61,7 @@ def stage_configs(recipe: Recipe, run: RecipeRun) -> list[Any]:
             values[stage.continued_field] = str(previous)
         if stage.continues == "adapter" and trainer.continues_field not in stage.settings:
             values[trainer.continues_field] = getattr(configs[-1], trainer.continues_field)  # the adapter's own base
-        for field_name, value in (("limit", run.limit), ("max_steps", run.max_steps), ("resume", run.resume or None)):
+        for field_name, value in (("limit", run.limit), ("max_steps", run.max_steps), ("eval_limit", run.eval_limit), ("resume", run.resume or None)):
             if value is not None and field_name in names:
                 values[field_name] = value
         configs.append(trainer.make_config(values))
