@@ -370,8 +370,8 @@ def test_the_lexical_unit_model_decodes_in_bfloat16_as_greedy_does() -> None:
     engine = NEREngine.load("en-conll03-lud", dtype="bfloat16")
     assert engine.ner_model.model.dtype == torch.bfloat16
     for strategy in ("ar", "padellm"):
-        lud = [r.entities for r in engine.extract(TEXTS, strategy=strategy, decoder="lud")]
-        greedy = [r.entities for r in engine.extract(TEXTS, strategy=strategy, decoder="greedy")]
+        lud = [r.entities for r in engine.extract(TEXTS[:2], strategy=strategy, decoder="lud")]  # bfloat16 is slow where emulated
+        greedy = [r.entities for r in engine.extract(TEXTS[:2], strategy=strategy, decoder="greedy")]
         assert [[(e.start, e.end, e.label) for e in x] for x in lud] == [[(e.start, e.end, e.label) for e in x] for x in greedy]
         assert sum(map(len, lud)) >= 3
 

@@ -16,6 +16,7 @@ import torch
 
 from general_decoding.kv_cache import ReservedCache
 from ner_service.engine import NEREngine, gemma3_model
+from ner_service.engine.cpu import torch_dtype
 from ner_service.engine.model_loading import GEMMA3, SMOLLM2, ModelNotFoundError, cache_root, load_causal_lm, resolve_model_folder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,10 +33,15 @@ def _both(dtype: torch.dtype):
     return theirs, ours, tokenizer
 
 
+#: The dtype this machine serves in: bfloat16 on a CPU with bfloat16 instructions, else float32
+#: (where bfloat16 products are emulated, and many times slower).
+SERVED = torch_dtype("auto")
+
+
 @pytest.fixture(scope="module")
 def pair():
-    """transformers' class and ours in bfloat16, the dtype served on these CPUs (float32: below)."""
-    return _both(torch.bfloat16)
+    """transformers' class and ours in the dtype this machine serves in (float32 too: below)."""
+    return _both(SERVED)
 
 
 def _batch(tokenizer, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,16 +155,16 @@ def test_a_merge_is_kept_once_and_read_back_with_the_same_weights(tmp_path: Path
         (tmp_path / "cache" / part).mkdir(parents=True, exist_ok=True)
         for found in (shared_cache / part).glob("*"):
             (tmp_path / "cache" / part / found.name).symlink_to(found)
-    first = NEREngine.load("en-conll03", dtype=torch.bfloat16)
+    first = NEREngine.load("en-conll03", dtype=SERVED)
     [kept] = (tmp_path / "cache" / "merged").glob("*.safetensors")
     with monkeypatch.context() as patched:
         patched.setattr(lora_merge, "merge_lora", lambda *a, **k: pytest.fail("a kept merge is read back, not merged again"))
-        again = NEREngine.load("en-conll03", dtype=torch.bfloat16)
+        again = NEREngine.load("en-conll03", dtype=SERVED)
     assert all(torch.equal(a, b) for a, b in zip(first.ner_model.model.state_dict().values(), again.ner_model.model.state_dict().values()))
     assert [r.entities for r in again.extract(TEXTS)] == [r.entities for r in first.extract(TEXTS)]
     kept.unlink()
     monkeypatch.setenv(merged_weights.SWITCH, "0")  # off: merged at each start, nothing written
-    NEREngine.load("en-conll03", dtype=torch.bfloat16)
+    NEREngine.load("en-conll03", dtype=SERVED)
     assert not list((tmp_path / "cache" / "merged").glob("*.safetensors"))
 
 
