@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from general_decoding.kept_vocabulary import KeptVocabulary
 from ner_service.engine import NERModelConfig
-from ner_service.engine.ner_model import SELF_CONTAINED
+from ner_service.engine.ner_model import SELF_CONTAINED, resolve_ner_model
 from training.configs import OpenTrainConfig
 from training.examples import TrainingRow, build_row
 from training.loop import LoopSettings, run_loop
@@ -69,11 +69,23 @@ def open_rows(config: OpenTrainConfig, tokenizer) -> list[TrainingRow]:
 
 def open_ner_config(config: OpenTrainConfig, tokenizer) -> NERModelConfig:
     """``ner_model.json`` of an open model: any labels at call time, ``config.labels`` by default, and
-    the names it trained on, which its callers are told of (:func:`ner_service.engine.labels.unfamiliar_names`)."""
+    the names it trained on, which its callers are told of (:func:`ner_service.engine.labels.unfamiliar_names`).
+    A run over an open model's adapter keeps that model's count rule until it is chosen again."""
     return NERModelConfig(name=config.name, labels=list(config.labels or []), base=SELF_CONTAINED if config.full else config.base,
                           language=config.language, eos_token=tokenizer.eos_token, open_labels=True,
                           answers_past_count=config.past_count_queries, sentence_windows=config.sentence_windows,
-                          window_tokens=config.window_tokens, trained_names=sorted(trained_names(config.train, config.held_out)))
+                          window_tokens=config.window_tokens, trained_names=sorted(trained_names(config.train, config.held_out)),
+                          **continued_count_rule(config.init_adapter))
+
+
+def continued_count_rule(init_adapter: str | None) -> dict:
+    """The count bias and count quantile of the open model whose adapter a run trains further (chosen
+    on zero-shot texts: ``python -m training.open_eval --choose-quantile``), so that the run's
+    snapshots and model count as the model they are compared with does; nothing otherwise."""
+    if init_adapter is None:
+        return {}
+    chosen = NERModelConfig.read(resolve_ner_model(init_adapter))
+    return {"count_bias": chosen.count_bias, "count_quantile": chosen.count_quantile} if chosen.open_labels else {}
 
 
 def train_open(config: OpenTrainConfig) -> dict:
