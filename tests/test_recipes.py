@@ -257,3 +257,4 @@ def test_recipe_trains_end_to_end_on_the_cpu(name: str, small_data: Path, tmp_pa
         assert saved["step"] == 1
         (again,) = scored.extract([text])
         assert {(e.start, e.end, e.label) for e in again.entities} == {(e.start, e.end, e.label) for e in extraction.entities}
+        assert snapshot_engine(output, snapshot, count_quantile=0.3)[0].count_quantile == 0.3  # open_eval --count-quantile

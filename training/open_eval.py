@@ -199,10 +199,11 @@ def choose_open_quantile(engine: NEREngine, data: Path, limit: int, choose_limit
     return OpenQuantileChoice(tried, chosen, engine.count_quantile, choose_before, report)
 
 
-def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine, dict]:
+def snapshot_engine(run_output: Path, snapshot: Path | None, count_quantile: float | None = None) -> tuple[NEREngine, dict]:
     """The engine of a run's snapshot: the run's starting model with the snapshot's trained weights
     (None: the starting model as it is, asked as an open model: the baseline that never saw open
-    labels, or for a run that trains an adapter further, that adapter as the run began)."""
+    labels, or for a run that trains an adapter further, that adapter as the run began), counting
+    by ``count_quantile`` where given (0: the count bias) and by the run's model's rule otherwise."""
     import torch
 
     from ner_service.engine.ner_model import load_base
@@ -227,7 +228,7 @@ def snapshot_engine(run_output: Path, snapshot: Path | None) -> tuple[NEREngine,
         inner_model(model).load_state_dict({name: value.float() for name, value in saved["params"].items()}, strict=False)
     if not config.full:
         model = model.merge_and_unload()
-    return NEREngine(NERModel(model.eval(), tokenizer, open_ner_config(config, tokenizer), run_output)), saved
+    return NEREngine(NERModel(model.eval(), tokenizer, open_ner_config(config, tokenizer), run_output), count_quantile=count_quantile), saved
 
 
 def add_held_out_argument(parser: argparse.ArgumentParser) -> None:
@@ -310,10 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json and Path(args.json).is_file():
         done = {json.loads(line).get("snapshot") for line in Path(args.json).read_text(encoding="utf-8").splitlines() if line.strip()}
     if args.baseline:
-        jobs = [(None, lambda: snapshot_engine(target, None))]
+        jobs = [(None, lambda: snapshot_engine(target, None, args.count_quantile))]
     elif (target / "snapshots").is_dir():
         snapshots = [Path(args.snapshot)] if args.snapshot else sorted((target / "snapshots").glob("snapshot-*.pt"))
-        jobs = [(s, lambda s=s: snapshot_engine(target, s)) for s in snapshots if s.name not in done]
+        jobs = [(s, lambda s=s: snapshot_engine(target, s, args.count_quantile)) for s in snapshots if s.name not in done]
     else:
         jobs = [(None, lambda: (load_model(), {}))]
     for snapshot, load in jobs:
